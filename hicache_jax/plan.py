@@ -1,0 +1,168 @@
+"""`TransferPlan`: which pages move between the tiers, the only thing the data plane is given.
+
+Control plane: pure Python + numpy, never imports jax.
+
+A plan moves pages of one or more *allocators* (the anchor `kv`, the independent `swa`).
+Every pool that holds bytes and is addressed by that allocator moves with it, page for
+page: kv-sidecar page p is anchor page p (rows `p * rows_per_page ...`, i.e. `slot //
+ratio`), and swa-state page p holds the ring rows of SWA page p. Entries are sorted by host
+page and contiguous host pages are coalesced into runs, because each host DMA costs
+microseconds whatever its size:
+
+    device_pages  [ 7  3  9  4 | 12 ]
+    host_pages    [20 21 22 23 | 40 ]
+    host_runs     (offset 0, host 20, 4 pages), (offset 4, host 40, 1 page)
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Iterable, Mapping
+
+import numpy as np
+
+from hicache_jax.layout import PoolLayout, PoolSpec
+
+
+class Direction(enum.StrEnum):
+    BACKUP = "backup"  # device -> host
+    LOAD = "load"      # host -> device
+
+
+@dataclasses.dataclass(frozen=True)
+class HostRun:
+    """`length` plan entries from `offset` sit at host pages `host_start ...` in order."""
+
+    offset: int
+    host_start: int
+    length: int
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PageBatch:
+    """The pages of one allocator in a plan, with every pool that moves with them."""
+
+    allocator: str
+    pools: tuple[str, ...]        # byte-holding pools addressed by `allocator`, registration order
+    device_pages: np.ndarray      # i32[n], unique, in [0, device page count)
+    host_pages: np.ndarray        # i32[n], unique, ascending, in [0, host page count)
+    host_runs: tuple[HostRun, ...]
+
+    @property
+    def num_pages(self) -> int:
+        return int(self.device_pages.shape[0])
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TransferPlan:
+    """A batch of page moves in one direction, per allocator (sorted by allocator name)."""
+
+    direction: Direction
+    batches: tuple[PageBatch, ...]
+
+    @property
+    def is_empty(self) -> bool:
+        return all(b.num_pages == 0 for b in self.batches)
+
+    def batch(self, allocator: str) -> PageBatch | None:
+        return next((b for b in self.batches if b.allocator == allocator), None)
+
+    def num_pages(self, allocator: str) -> int:
+        b = self.batch(allocator)
+        return b.num_pages if b else 0
+
+    def pool_pages(self, pool: str) -> tuple[np.ndarray, np.ndarray] | None:
+        """(device pages, host pages) of `pool` in this plan, or None if it does not move."""
+        for b in self.batches:
+            if pool in b.pools:
+                return b.device_pages, b.host_pages
+        return None
+
+    def pool_bytes(self, layout: PoolLayout) -> dict[str, int]:
+        """Bytes each moving pool contributes (all layers, all TP ranks)."""
+        out = {}
+        for b in self.batches:
+            for name in b.pools:
+                p = layout.pool(name)
+                out[name] = b.num_pages * p.num_layers * p.page_bytes
+        return out
+
+    def nbytes(self, layout: PoolLayout) -> int:
+        return sum(self.pool_bytes(layout).values())
+
+
+def pool_rows(spec: PoolSpec, pages: np.ndarray) -> np.ndarray:
+    """Row (slot) indices of `spec` covered by allocator `pages`: kv sidecars `slot // ratio`."""
+    pages = np.asarray(pages, dtype=np.int64)
+    return (pages[:, None] * spec.rows_per_page + np.arange(spec.rows_per_page)).reshape(-1)
+
+
+def coalesce(host_pages: np.ndarray) -> tuple[HostRun, ...]:
+    """Runs of consecutive host pages in an ascending array."""
+    if host_pages.size == 0:
+        return ()
+    breaks = np.flatnonzero(np.diff(host_pages) != 1) + 1
+    starts = np.concatenate(([0], breaks))
+    ends = np.concatenate((breaks, [host_pages.size]))
+    return tuple(HostRun(int(s), int(host_pages[s]), int(e - s)) for s, e in zip(starts, ends))
+
+
+def make_plan(
+    layout: PoolLayout,
+    direction: Direction | str,
+    pages: Mapping[str, tuple[Iterable[int], Iterable[int]]],
+    *,
+    device_capacity: Mapping[str, int] | None = None,
+    host_capacity: Mapping[str, int] | None = None,
+) -> TransferPlan:
+    """Build a validated plan from `{allocator: (device pages, host pages)}`.
+
+    Raises ValueError (naming the values) for an unknown allocator, unequal lengths,
+    negative, duplicate or out-of-capacity pages. Allocators that carry no byte-holding
+    pool (a lone anchor) still appear: their pages are bookkeeping only.
+    """
+    direction = Direction(direction)
+    batches = []
+    for allocator in sorted(pages):
+        spec = _allocator_spec(layout, allocator)
+        dev = _as_pages(pages[allocator][0], f"{allocator} device pages")
+        host = _as_pages(pages[allocator][1], f"{allocator} host pages")
+        if dev.shape != host.shape:
+            raise ValueError(f"{allocator}: {dev.size} device pages but {host.size} host pages")
+        _check_unique_in_range(dev, f"{allocator} device pages", (device_capacity or {}).get(allocator))
+        _check_unique_in_range(host, f"{allocator} host pages", (host_capacity or {}).get(allocator))
+        order = np.argsort(host, kind="stable")
+        dev, host = dev[order], host[order]
+        pools = tuple(p.name for p in layout.moving_with(spec.name))
+        batches.append(PageBatch(allocator, pools, dev, host, coalesce(host)))
+    return TransferPlan(direction, tuple(batches))
+
+
+def _allocator_spec(layout: PoolLayout, allocator: str) -> PoolSpec:
+    try:
+        spec = layout.pool(allocator)
+    except KeyError:
+        raise ValueError(f"plan names allocator {allocator!r}, not a pool of this layout") from None
+    if not spec.has_allocator:
+        raise ValueError(f"plan names pool {allocator!r} ({spec.kind}), which has no allocator; "
+                         f"its pages follow {spec.allocator!r}")
+    return spec
+
+
+def _as_pages(values: Iterable[int], what: str) -> np.ndarray:
+    arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values)
+    if arr.size == 0:
+        return np.zeros((0,), np.int32)
+    if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{what} must be a 1-D sequence of integers, got {arr.dtype} of shape {arr.shape}")
+    if arr.min() < 0 or arr.max() > np.iinfo(np.int32).max:
+        raise ValueError(f"{what} out of range: {arr.tolist()}")
+    return arr.astype(np.int32)
+
+
+def _check_unique_in_range(arr: np.ndarray, what: str, capacity: int | None) -> None:
+    if arr.size and np.unique(arr).size != arr.size:
+        values, counts = np.unique(arr, return_counts=True)
+        raise ValueError(f"{what} repeat: {values[counts > 1].tolist()}")
+    if capacity is not None and arr.size and arr.max() >= capacity:
+        raise ValueError(f"{what} {arr[arr >= capacity].tolist()} outside 0..{capacity - 1}")
