@@ -2,6 +2,12 @@ import os
 import pathlib
 
 import pytest
+from hypothesis import settings
+
+# Bounded in CI; `HICACHE_HYPOTHESIS=long` runs ~10^5 stateful steps per machine locally.
+settings.register_profile("ci", max_examples=40, deadline=None)
+settings.register_profile("long", max_examples=2500, deadline=None)
+settings.load_profile(os.environ.get("HICACHE_HYPOTHESIS", "ci"))
 
 # Four virtual CPU devices, so mesh (TP) tests run on CPU. Must be set before jax starts;
 # control-plane tests never import jax at all.

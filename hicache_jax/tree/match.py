@@ -1,0 +1,65 @@
+"""Match results and the boundary rule: page alignment, the `input_len - 1` cap, the SWA window.
+
+A prefix boundary b (in pages) is usable on a tier only if the FULL value of pages 0..b-1
+is there and, for models with a sliding window, the last `window_pages` pages before b
+carry SWA data there (a gap resets the count), or no page since the root lacks it:
+
+    pages      0  1  2  3  4  5
+    swa        T  T  F  T  T  F        window_pages = 2
+    valid b    0  1  2  .  .  5  .     b=3: page 2 lacks SWA; b=4: run of 1 < 2; b=5: run of 2
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+
+import numpy as np
+
+from hicache_jax.tree.node import NodeId
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MatchResult:
+    """What `match_prefix` found. Lengths are tokens, page-aligned.
+
+    `device_pages`: anchor device pages of the device-usable prefix (i32[device_len/page]).
+    `swa_pages`: SWA device pages of that prefix's trailing window, oldest first
+    (i32[min(window_pages, device_len/page)]; empty without an SWA pool). They name the
+    logical pages `device_len/page - len(swa_pages) ...`.
+    `device_node`/`host_node`: the last node of the device prefix / of the whole match
+    (the root, id 0, when empty); a `load_back` of this match brings `host_len` more tokens.
+    """
+
+    device_len: int
+    host_len: int
+    device_pages: np.ndarray
+    swa_pages: np.ndarray
+    device_node: NodeId
+    host_node: NodeId
+
+    @property
+    def total_len(self) -> int:
+        return self.device_len + self.host_len
+
+
+def best_boundary(present_desc: Iterable[bool], limit: int, window_pages: int) -> int:
+    """Largest b <= limit (pages) whose trailing window is SWA-complete.
+
+    `present_desc` yields the SWA presence of pages limit-1, limit-2, ..., 0: a scan from
+    the top that stops at the first full window, so the usual case costs `window_pages`
+    steps, whatever the prefix length.
+    """
+    b, run = limit, 0
+    for i, present in zip(range(limit - 1, -1, -1), present_desc):
+        if present:
+            run += 1
+            if run >= window_pages:
+                return b
+        else:
+            b, run = i, 0       # a gap: the next candidate ends just below it
+    return b                    # ran into the root: no gap below b
+
+
+def cap_tokens(input_len: int, page_size: int) -> int:
+    """At most input_len - 1 tokens, page-aligned: one token is always recomputed for logits."""
+    return max(0, (input_len - 1) // page_size * page_size)

@@ -1,0 +1,109 @@
+"""The token radix tree as a structure: walk, split, add, remove. No policy lives here.
+
+Nodes hold page-aligned runs; a child is keyed by the tokens of its first page, so one
+dict lookup per node finds the only candidate, and a vectorised compare of the node's
+tokens finds how many whole pages match:
+
+    root ── [a b | c d] ── [e f]        walk([a b c d x y]) -> (node1, 4 tokens), (node2, 0)
+                       └── [x y | z w]                      stops: node "x y z w" matches
+                                                            1 page of 2 -> (node3, 2 tokens)
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from hicache_jax.tree.node import Node
+from hicache_jax.tree.state import Residency
+
+_EMPTY = np.zeros((0,), np.int32)
+
+
+class RadixTree:
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self._next_id = 1
+        self.root = Node(0, None, _EMPTY, Residency.SYNCED)  # the root holds nothing; its state is never read
+        self.num_nodes = 0  # excluding the root
+
+    def key(self, tokens: np.ndarray, pos: int = 0) -> bytes:
+        return tokens[pos:pos + self.page_size].tobytes()
+
+    def walk(self, tokens: np.ndarray) -> list[tuple[Node, int]]:
+        """Nodes along `tokens` from the root, each with how many of its tokens match.
+
+        Every entry but the last matches its node completely. `len(tokens)` must be a
+        multiple of page_size (callers truncate).
+        """
+        path: list[tuple[Node, int]] = []
+        node, pos, n = self.root, 0, len(tokens)
+        while pos < n:
+            child = node.children.get(tokens[pos:pos + self.page_size].tobytes())
+            if child is None:
+                break
+            span = min(len(child.tokens), n - pos)
+            diff = np.flatnonzero(child.tokens[:span] != tokens[pos:pos + span])
+            matched = span if diff.size == 0 else int(diff[0]) // self.page_size * self.page_size
+            path.append((child, matched))
+            if matched < len(child.tokens):
+                break
+            node, pos = child, pos + matched
+        return path
+
+    def split(self, node: Node, num_tokens: int) -> Node:
+        """Split `node` after `num_tokens` (page-aligned, inside it); return the new parent.
+
+        `node` keeps the suffix, so references to it (locks, owners) still name the
+        deepest part; the new parent copies its state, ids and lock count.
+        """
+        page = self.page_size
+        if num_tokens <= 0 or num_tokens >= len(node.tokens) or num_tokens % page:
+            raise AssertionError(f"bug: split of {node} at {num_tokens} tokens")
+        k = num_tokens // page
+        parent = node.parent
+        head = Node(self._new_id(), parent, node.tokens[:num_tokens], node.state)
+        for attr in ("device", "host", "swa_device", "swa_host"):
+            arr = getattr(node, attr)
+            if arr is not None:
+                setattr(head, attr, arr[:k].copy())
+                setattr(node, attr, arr[k:].copy())
+        head.lock_ref, head.hit_count, head.last_access = node.lock_ref, node.hit_count, node.last_access
+        head.write_id, head.load_id = node.write_id, node.load_id
+        parent.children[self.key(head.tokens)] = head
+        node.tokens = node.tokens[num_tokens:]
+        node.parent = head
+        head.children[self.key(node.tokens)] = node
+        self.num_nodes += 1
+        return head
+
+    def add(self, parent: Node, tokens: np.ndarray, state: Residency) -> Node:
+        key = self.key(tokens)
+        if key in parent.children:
+            raise AssertionError(f"bug: {parent} already has a child for this page")
+        node = Node(self._new_id(), parent, tokens, state)
+        parent.children[key] = node
+        self.num_nodes += 1
+        return node
+
+    def remove(self, node: Node) -> None:
+        if node.children or node.parent is None:
+            raise AssertionError(f"bug: remove of {node} with children or of the root")
+        del node.parent.children[self.key(node.tokens)]
+        self.num_nodes -= 1
+
+    def nodes(self) -> Iterator[Node]:
+        """Every node but the root, parents before children."""
+        stack = list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+    def prefix_len(self, node: Node) -> int:
+        """Tokens from the root to the end of `node`."""
+        return sum(len(n.tokens) for n in node.path_to_root())
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1

@@ -1,0 +1,46 @@
+"""Shared helpers for control-plane tests: layouts, token blocks, a tree core factory."""
+import numpy as np
+
+import hicache_jax as hc
+from conftest import CONFIGS
+from hicache_jax.tree import TreeCore
+
+P = 256
+
+
+def layout(name: str):
+    return hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
+
+
+def core(name="tiny_v4", dev=8, host=16, swa_dev=8, swa_host=16, **kw) -> TreeCore:
+    lay = layout(name)
+    dpages, hpages = {"kv": dev}, {"kv": host}
+    if lay.swa_pool is not None:
+        dpages["swa"], hpages["swa"] = swa_dev, swa_host
+    return TreeCore(lay, device_pages=dpages, host_pages=hpages, **kw)
+
+
+def seq(*blocks: int) -> np.ndarray:
+    """Tokens made of whole pages; page content depends only on its block id."""
+    return np.concatenate([np.full(P, 1000 + b, np.int32) + np.arange(P, dtype=np.int32) for b in blocks])
+
+
+def put(c: TreeCore, tokens: np.ndarray, swa_last: int = 1):
+    """Allocate device pages for every page of `tokens` (SWA for the last `swa_last`) and insert."""
+    n = len(tokens) // P
+    need = {"kv": n}
+    if c.swa is not None:
+        need["swa"] = min(swa_last, n)
+    got = c.alloc_device(need)
+    assert got is not None
+    swa = {}
+    if c.swa is not None:
+        swa = {n - len(got["swa"]) + i: int(p) for i, p in enumerate(got["swa"])}
+    res = c.insert(tokens, got["kv"], swa)
+    c.check_invariants()
+    return res, got
+
+
+def query(tokens: np.ndarray) -> np.ndarray:
+    """A request whose prompt is `tokens` plus one more token (the cap keeps whole pages)."""
+    return np.concatenate([tokens, np.asarray([7], np.int32)])

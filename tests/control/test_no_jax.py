@@ -1,0 +1,28 @@
+"""The control plane (layout, allocators, tree, plans) never imports jax."""
+import subprocess
+import sys
+
+from conftest import ROOT
+
+
+def test_control_plane_runs_without_jax():
+    code = """
+import sys
+import numpy as np
+import hicache_jax as hc
+from hicache_jax.tree import TreeCore
+from hicache_jax.plan import make_plan
+from hicache_jax.alloc import TierAllocators
+layout = hc.build_layout(hc.load_model_config('configs/tiny_v4.json'))
+core = TreeCore(layout, device_pages={'kv': 4, 'swa': 4}, host_pages={'kv': 8, 'swa': 8})
+got = core.alloc_device({'kv': 2, 'swa': 1})
+core.insert(np.arange(512, dtype=np.int32), got['kv'], {1: int(got['swa'][0])})
+batch = core.take_backup_batch()
+core.ack_backup(batch.ack_id)
+core.check_invariants()
+assert not [m for m in sys.modules if m == 'jax' or m.startswith('jax.')], 'jax was imported'
+print('ok')
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"

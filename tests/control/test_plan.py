@@ -1,0 +1,55 @@
+"""TransferPlan: per-allocator page batches, derived rows, coalesced host runs, validation."""
+import numpy as np
+import pytest
+
+from hicache_jax.plan import Direction, HostRun, make_plan, pool_rows
+from helpers import layout
+
+
+def test_plan_sorts_by_host_page_and_coalesces_runs():
+    lay = layout("tiny_v4")
+    plan = make_plan(lay, "backup", {"kv": ([7, 3, 9, 4, 12], [21, 20, 22, 23, 40]), "swa": ([5], [0])})
+    kv = plan.batch("kv")
+    assert kv.host_pages.tolist() == [20, 21, 22, 23, 40]
+    assert kv.device_pages.tolist() == [3, 7, 9, 4, 12]           # moved with their host page
+    assert kv.host_runs == (HostRun(0, 20, 4), HostRun(4, 40, 1))
+    assert kv.pools == ("deepseek_v4_c4", "deepseek_v4_c4_indexer", "deepseek_v4_c128")
+    assert plan.batch("swa").pools == ("swa", "deepseek_v4_c4_state", "deepseek_v4_c4_indexer_state")
+    assert plan.direction is Direction.BACKUP and not plan.is_empty
+    dev, host = plan.pool_pages("deepseek_v4_c4_state")
+    assert (dev.tolist(), host.tolist()) == ([5], [0])
+    expect = 5 * (2 * 12_480 + 2 * 8_448 + 1 * 576) + 1 * (5 * 49_728 + 2 * 16_384 + 2 * 16_384)
+    assert plan.nbytes(lay) == expect
+
+
+def test_derived_rows():
+    lay = layout("tiny_v4")
+    # kv sidecars: row = slot // ratio, so anchor page 3 holds c4 rows 192..255 and c128 rows 6, 7
+    assert pool_rows(lay.pool("deepseek_v4_c4"), np.array([3])).tolist() == list(range(192, 256))
+    slots = np.arange(3 * 256, 4 * 256)
+    assert np.unique(slots // 128).tolist() == pool_rows(lay.pool("deepseek_v4_c128"), np.array([3])).tolist()
+    # swa state: the 8 ring rows of SWA page 2
+    assert pool_rows(lay.pool("deepseek_v4_c4_state"), np.array([2])).tolist() == list(range(16, 24))
+
+
+@pytest.mark.parametrize("pages,match", [
+    ({"deepseek_v4_c4": ([0], [0])}, "no allocator"),
+    ({"nope": ([0], [0])}, "not a pool"),
+    ({"kv": ([0, 1], [0])}, "2 device pages but 1 host pages"),
+    ({"kv": ([0, 0], [0, 1])}, "repeat"),
+    ({"kv": ([0, 1], [3, 3])}, "repeat"),
+    ({"kv": ([-1], [0])}, "out of range"),
+    ({"kv": ([0.5], [0])}, "integers"),
+])
+def test_plan_validation(pages, match):
+    with pytest.raises(ValueError, match=match):
+        make_plan(layout("tiny_v4"), "load", pages)
+
+
+def test_plan_capacity_and_empty():
+    lay = layout("tiny_gqa")
+    with pytest.raises(ValueError, match=r"kv host pages \[16\] outside 0..15"):
+        make_plan(lay, "load", {"kv": ([0], [16])}, host_capacity={"kv": 16})
+    empty = make_plan(lay, "load", {"kv": ([], [])})
+    assert empty.is_empty and empty.nbytes(lay) == 0
+    assert make_plan(lay, "backup", {"kv": ([1], [2])}).batch("kv").pools == ("gqa_kv",)

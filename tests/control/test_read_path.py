@@ -1,0 +1,117 @@
+"""Read path: load-backs, owners and back-off, thresholds, SWA window loads, failures."""
+import numpy as np
+
+from hicache_jax.tree import LoadJob, Refusal, Residency
+from helpers import P, core, put, query, seq
+
+
+def backed_up_then_evicted(c, tokens, swa_last=1):
+    r, _ = put(c, tokens, swa_last=swa_last)
+    c.ack_backup(c.take_backup_batch().ack_id)
+    c.evict_device(len(tokens) // P)
+    c.check_invariants()
+    return r
+
+
+def test_load_back_roundtrip_and_second_claimant_backs_off():
+    c = core("tiny_v4")
+    r = backed_up_then_evicted(c, seq(1, 2, 3))
+    m = c.match_prefix(query(seq(1, 2, 3)))
+    assert (m.device_len, m.host_len) == (0, 3 * P)
+    job = c.start_load(m)
+    assert isinstance(job, LoadJob) and job.loaded_tokens == 3 * P
+    assert job.plan.num_pages("kv") == 3 and job.plan.num_pages("swa") == 1
+    assert job.device_pages.tolist() == c.node(r.node).device.tolist() and job.swa_pages.size == 1
+    c.check_invariants()
+    assert c.node(r.node).state is Residency.LOADING
+    m2 = c.match_prefix(query(seq(1, 2, 3)))      # in flight: not valid on device yet
+    assert (m2.device_len, m2.host_len) == (0, 3 * P)
+    assert c.start_load(m2) is Refusal.OWNED       # a second request recomputes instead
+    assert c.events["load_refused_owned"] == 1
+    c.finish_load(job.load_id)
+    c.check_invariants()
+    m3 = c.match_prefix(query(seq(1, 2, 3)))
+    assert (m3.device_len, m3.host_len) == (3 * P, 0)
+    assert m3.device_pages.tolist() == job.device_pages.tolist()
+
+
+def test_threshold_and_empty_plans():
+    c = core("tiny_gqa", load_back_threshold=2 * P)
+    backed_up_then_evicted(c, seq(1))
+    m = c.match_prefix(query(seq(1)))
+    assert c.start_load(m) is Refusal.BELOW_THRESHOLD
+    c.load_back_threshold = 0                      # applied as max(1, 0)
+    assert isinstance(c.start_load(m), LoadJob)
+    put(c, seq(2))
+    assert c.start_load(c.match_prefix(query(seq(2)))) is Refusal.EMPTY   # nothing on host to move
+    assert c.start_load(c.match_prefix(query(seq(9)))) is Refusal.EMPTY
+
+
+def test_only_the_trailing_window_swa_is_loaded():
+    c = core("tiny_v4")
+    backed_up_then_evicted(c, seq(1, 2, 3, 4), swa_last=4)   # SWA on every page, on both tiers
+    job = c.start_load(c.match_prefix(query(seq(1, 2, 3, 4))))
+    assert job.plan.num_pages("kv") == 4 and job.plan.num_pages("swa") == 1
+    c.finish_load(job.load_id)
+    # a shorter prefix's window (page 1) is on the host only: an SWA-only component load
+    m = c.match_prefix(query(seq(1, 2)))
+    assert (m.device_len, m.host_len) == (0, 2 * P)
+    job = c.start_load(m)
+    assert job.loaded_tokens == 0 and job.plan.num_pages("kv") == 0 and job.plan.num_pages("swa") == 1
+    c.check_invariants()
+    c.finish_load(job.load_id)
+    assert c.match_prefix(query(seq(1, 2))).device_len == 2 * P
+    c.check_invariants()
+
+
+def test_failed_load_leaves_host_copy_usable():
+    c = core("tiny_v4")
+    r = backed_up_then_evicted(c, seq(1, 2))
+    free = (c.device["kv"].num_free, c.device["swa"].num_free)
+    job = c.start_load(c.match_prefix(query(seq(1, 2))))
+    c.fail_load(job.load_id)
+    c.check_invariants()
+    assert c.node(r.node).state is Residency.HOST
+    assert (c.device["kv"].num_free, c.device["swa"].num_free) == free
+    m = c.match_prefix(query(seq(1, 2)))
+    assert m.device_len == 0 and m.host_len == 2 * P
+    assert isinstance(c.start_load(m), LoadJob)
+
+
+def test_no_device_space_changes_nothing():
+    c = core("tiny_gqa", dev=3, write_policy="write_back")
+    backed_up = put(c, seq(1, 2))[0]
+    c.evict_device(2)
+    c.ack_backup(c.take_backup_batch().ack_id)
+    m = c.match_prefix(query(seq(1, 2)))
+    held = c.alloc_device({"kv": 2})               # a running request holds 2 of 3 pages
+    assert c.start_load(m) is Refusal.NO_DEVICE_SPACE
+    c.check_invariants()
+    assert c.node(backed_up.node).state is Residency.HOST and c.node(backed_up.node).lock_ref == 0
+    c.free_device("kv", held["kv"])
+    assert isinstance(c.start_load(m), LoadJob)
+
+
+def test_stale_and_pending_matches_are_refused():
+    c = core("tiny_gqa", write_policy="write_back")
+    r = put(c, seq(1, 2))[0]
+    c.evict_device(2)
+    c.ack_backup(c.take_backup_batch().ack_id)
+    m = c.match_prefix(query(seq(1, 2)))
+    c.evict_host(2)                                # gone before the load starts
+    assert c.start_load(m) is Refusal.STALE
+    put(c, seq(3))
+    m = c.match_prefix(query(seq(3)))              # on device at match time ...
+    c.evict_device(1)                              # ... then demoted, its write in flight
+    assert c.start_load(m) is Refusal.PENDING
+    c.check_invariants()
+
+
+def test_two_loads_never_own_one_node():
+    c = core("tiny_gqa")
+    backed_up_then_evicted(c, seq(1, 2))
+    job = c.start_load(c.match_prefix(query(seq(1, 2))))
+    node = c.node(job.node)
+    import pytest
+    with pytest.raises(AssertionError, match="claimed by load"):
+        c._own(node, job.load_id + 1, c._loads[job.load_id])

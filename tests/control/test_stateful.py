@@ -1,0 +1,216 @@
+"""Random inserts, matches, locks, evictions, backups with delayed/reordered/failed acks and
+load-backs, against a reference model of what each tier holds.
+
+The reference: every page's content is a label naming its token prefix. Simulated device
+and host memories receive labels exactly when the data plane would move bytes (a backup
+copies at dispatch, a load copies at dispatch, a failed transfer leaves garbage). After
+every step the tree's invariants hold and every page the tree calls valid holds the right
+label, so a half-restored or wrongly restored prefix can never be matched.
+"""
+import numpy as np
+from hypothesis import settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from hicache_jax.tree import LoadJob, Residency
+from hicache_jax.tree.node import ABSENT
+from hicache_jax.tree.state import DEVICE_VALID, HOST_DURABLE
+from helpers import P, core, query, seq
+
+GARBAGE = ("garbage",)
+blocks = st.lists(st.integers(0, 3), min_size=1, max_size=5)
+
+
+class TreeMachine(RuleBasedStateMachine):
+    layout_name = "tiny_v4"
+
+    @initialize(policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
+                dev=st.integers(4, 12), host=st.integers(4, 24), swa_dev=st.integers(3, 8), swa_host=st.integers(2, 12),
+                threshold=st.sampled_from([0, 10, 512]))
+    def setup(self, policy, dev, host, swa_dev, swa_host, threshold):
+        self.c = core(self.layout_name, dev=dev, host=host, swa_dev=swa_dev, swa_host=swa_host,
+                      write_policy=policy, load_back_threshold=threshold)
+        self.swa = self.c.swa
+        self.mem = {"device": {}, "host": {}}   # (allocator, page) -> label
+        self.backups, self.loads, self.locks = [], [], []
+
+    # -- the simulated data plane ---------------------------------------------------------
+    def dispatch(self, plan, src, dst):
+        for b in plan.batches:
+            for d, h in zip(b.device_pages.tolist(), b.host_pages.tolist()):
+                s, t = ((b.allocator, d), (b.allocator, h)) if src == "device" else ((b.allocator, h), (b.allocator, d))
+                self.mem[dst][t] = self.mem[src].get(s, GARBAGE)
+
+    def spoil(self, plan, tier):
+        for b in plan.batches:
+            for p in (b.host_pages if tier == "host" else b.device_pages).tolist():
+                self.mem[tier][(b.allocator, p)] = GARBAGE
+
+    def flush(self):
+        batch = self.c.take_backup_batch()
+        if batch is not None:
+            self.dispatch(batch.plan, "device", "host")
+            self.backups.append(batch)
+
+    def flush_if_needed(self):
+        if self.c.needs_flush:      # demoted pages must be read before anything reuses them
+            self.flush()
+
+    # -- rules ---------------------------------------------------------------------------
+    @rule(b=blocks, load=st.booleans(), swa_pick=st.integers(0, 15))
+    def request(self, b, load, swa_pick):
+        c, tokens = self.c, seq(*b)
+        m = c.match_prefix(query(tokens))
+        assert m.device_len % P == 0 and m.host_len % P == 0 and m.total_len <= len(tokens)
+        assert len(m.device_pages) == m.device_len // P
+        table, usable = list(m.device_pages.tolist()), m.device_len
+        pin = c.lock(m.device_node)          # the serving-loop contract: pin what you use
+        if load and m.host_len:
+            job = c.start_load(m)
+            self.flush_if_needed()
+            if isinstance(job, LoadJob):
+                self.dispatch(job.plan, "host", "device")
+                self.loads.append(job)
+                table, usable = list(job.device_pages.tolist()), job.total_len
+                c.unlock(pin)
+                pin = c.lock(job.node)
+        try:
+            self.compute_and_insert(b, tokens, table, usable, swa_pick)
+        finally:
+            c.unlock(pin)
+
+    def compute_and_insert(self, b, tokens, table, usable, swa_pick):
+        c = self.c
+        n_new = (len(tokens) - usable) // P
+        need = {"kv": n_new}
+        if self.swa:
+            need["swa"] = n_new
+        got = c.alloc_device(need) if n_new else {k: np.zeros(0, np.int32) for k in need}
+        self.flush_if_needed()
+        if got is None:
+            return
+        first = usable // P
+        for i, p in enumerate(got["kv"].tolist()):
+            self.mem["device"][("kv", p)] = label("kv", b, first + i)
+        swa_given = {}
+        if self.swa:
+            for i, p in enumerate(got["swa"].tolist()):
+                self.mem["device"][("swa", p)] = label("swa", b, first + i)
+                if i == n_new - 1 or (swa_pick >> (i % 4)) & 1:
+                    swa_given[first + i] = p
+            c.free_device("swa", [p for p in got["swa"].tolist() if p not in swa_given.values()])
+        r = c.insert(tokens, table + got["kv"].tolist(), swa_given)
+        if r.cached_len == len(tokens) and not self.loads:
+            assert c.match_prefix(query(tokens)).device_len == len(tokens)   # just inserted: all on device
+
+    @rule(n=st.integers(1, 6), swa=st.integers(0, 3))
+    def evict_device(self, n, swa):
+        self.c.evict_device(n, swa if self.swa else 0)
+        self.flush_if_needed()
+
+    @rule(n=st.integers(1, 6), swa=st.integers(0, 3))
+    def evict_host(self, n, swa):
+        self.c.evict_host(n, swa if self.swa else 0)
+
+    @rule()
+    def step_flush(self):
+        self.flush()
+
+    @precondition(lambda self: self.backups)
+    @rule(i=st.integers(0, 7), ok=st.integers(0, 4))
+    def complete_backup(self, i, ok):
+        batch = self.backups.pop(i % len(self.backups))   # any order: acks are reordered
+        if ok:
+            self.c.ack_backup(batch.ack_id)
+        else:
+            self.spoil(batch.plan, "host")
+            self.c.fail_backup(batch.ack_id)
+
+    @precondition(lambda self: self.loads)
+    @rule(i=st.integers(0, 7), ok=st.integers(0, 4))
+    def complete_load(self, i, ok):
+        job = self.loads.pop(i % len(self.loads))
+        if ok:
+            self.c.finish_load(job.load_id)
+        else:
+            self.spoil(job.plan, "device")
+            self.c.fail_load(job.load_id)
+
+    @rule(b=blocks)
+    def lock(self, b):
+        m = self.c.match_prefix(query(seq(*b)))
+        if m.device_len:
+            self.locks.append(self.c.lock(m.device_node))
+
+    @precondition(lambda self: self.locks)
+    @rule(i=st.integers(0, 7))
+    def unlock(self, i):
+        self.c.unlock(self.locks.pop(i % len(self.locks)))
+
+    # -- checks --------------------------------------------------------------------------
+    @invariant()
+    def consistent(self):
+        c = self.c
+        c.check_invariants()
+        for node in c.tree.nodes():
+            prefix = prefix_blocks(node)
+            first = len(prefix) - len(node.tokens) // P
+            for i in range(len(node.tokens) // P):
+                want = prefix[: first + i + 1]
+                if node.state in DEVICE_VALID:
+                    assert self.mem["device"].get(("kv", int(node.device[i]))) == ("kv", want), node
+                    if node.swa_device is not None and node.swa_device[i] != ABSENT and node.load_id is None:
+                        assert self.mem["device"].get(("swa", int(node.swa_device[i]))) == ("swa", want), node
+                if node.state in HOST_DURABLE and node.write_id is None:
+                    assert self.mem["host"].get(("kv", int(node.host[i]))) == ("kv", want), node
+                    if node.swa_host is not None and node.swa_host[i] != ABSENT:
+                        assert self.mem["host"].get(("swa", int(node.swa_host[i]))) == ("swa", want), node
+
+    def teardown(self):
+        """Drain everything in flight, evict both tiers: every page must come back."""
+        if not hasattr(self, "c"):
+            return
+        c = self.c
+        self.flush()
+        for batch in self.backups:
+            c.ack_backup(batch.ack_id)
+        for job in self.loads:
+            c.finish_load(job.load_id)
+        for lock in self.locks:
+            c.unlock(lock)
+        for _ in range(64):   # a pending write-back pins its parent until acked: repeat
+            c.evict_device(10 ** 6, 10 ** 6)
+            while (batch := c.take_backup_batch()) is not None:
+                c.ack_backup(batch.ack_id)
+            c.evict_host(10 ** 6, 10 ** 6)
+            if c.tree.num_nodes == 0:
+                break
+        c.check_invariants()
+        assert c.tree.num_nodes == 0
+        for alloc in list(c.device) + list(c.host):
+            assert alloc.num_free == alloc.capacity, alloc
+
+
+def label(kind, b, i):
+    return (kind, tuple(b[: i + 1]))
+
+
+def prefix_blocks(node):
+    chain = list(node.path_to_root())[::-1]
+    toks = np.concatenate([n.tokens for n in chain])
+    return tuple(int(t) - 1000 for t in toks[::P])
+
+
+class V41Machine(TreeMachine):
+    layout_name = "tiny_v41"
+
+
+class GQAMachine(TreeMachine):
+    layout_name = "tiny_gqa"
+
+
+TestTreeV4 = TreeMachine.TestCase
+TestTreeV41 = V41Machine.TestCase
+TestTreeGQA = GQAMachine.TestCase
+for _case in (TestTreeV4, TestTreeV41, TestTreeGQA):
+    _case.settings = settings(_case.settings, stateful_step_count=40, report_multiple_bugs=False)
+del _case
