@@ -1,0 +1,141 @@
+"""The contract every tiny model follows: one jitted, fixed-shape forward per page chunk.
+
+    pools, logits = model.forward_chunk(pools, anchor_pages, swa_pages, tokens, start, valid)
+
+computes positions `start .. start + valid - 1` of logical page `start // page_size` and
+returns the donated, updated pools and the f32[vocab] logits of the last valid position.
+Decode is the same call with `valid` grown by one, so a token's stored state is always
+computed by the same function from the same inputs: the page's tokens and the bytes of
+earlier pages. It writes only the current page of each pool (anchor page for kv-indexed
+pools, SWA page for SWA-indexed ones) and reads earlier pages only where the position
+masks admit them; other table entries may name any page holding any bytes.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from hicache_jax.layout import PoolLayout
+from examples.tiny_models.paged import Chunk
+
+
+class ChunkModel:
+    """Base class: argument checks, the single jit, and the two entry points.
+
+    Subclasses set `self.params` in `__init__` (after calling this one) and implement
+    `_chunk(params, pools, chunk, tokens) -> (pools, logits f32[page_size, vocab])`.
+    """
+
+    def __init__(self, layout: PoolLayout, max_pages: int):
+        cfg = layout.model
+        if not isinstance(max_pages, int) or max_pages < 1:
+            raise ValueError(f"max_pages must be a positive int, got {max_pages!r}")
+        if cfg.vocab_size <= 0:
+            raise ValueError(f"config {cfg.name!r}: vocab_size must be positive for a model, got {cfg.vocab_size}")
+        self.layout = layout
+        self.config = cfg
+        self.page_size = layout.page_size
+        self.max_pages = max_pages
+        self.vocab_size = cfg.vocab_size
+        self.params: dict = {}
+        # one compiled program per model (and pool shapes): pools are donated and updated in place
+        self._step = jax.jit(self._forward, donate_argnums=(1,))
+
+    # ---- public API -------------------------------------------------------------------
+
+    def forward_chunk(self, pools, anchor_pages, swa_pages, tokens, start, valid):
+        """(pools, logits f32[vocab]) of position start + valid - 1; see the module docstring.
+
+        pools: {name: u8/bf16[num_layers, num_pages, *page_shape]} for every byte pool of the
+        layout (donated: do not reuse the dict passed in); anchor_pages, swa_pages:
+        i32[max_pages]; tokens: i32[page_size]; start, valid: ints or i32 scalars (a jax
+        array is passed through unchecked: checking it would need a device sync).
+        """
+        pools, _, last = self._call(pools, anchor_pages, swa_pages, tokens, start, valid)
+        return pools, last
+
+    def forward_chunk_all(self, pools, anchor_pages, swa_pages, tokens, start, valid):
+        """Like `forward_chunk`, but the logits of every row: f32[page_size, vocab].
+
+        Rows >= valid hold finite values that mean nothing. Same compiled program as
+        `forward_chunk`, so `all[valid - 1]` equals its logits bit for bit.
+        """
+        pools, logits, _ = self._call(pools, anchor_pages, swa_pages, tokens, start, valid)
+        return pools, logits
+
+    def pool_shapes(self, num_anchor_pages: int, num_swa_pages: int) -> dict[str, tuple[tuple[int, ...], str]]:
+        """{pool name: (shape, dtype)} of the pool arrays this model expects."""
+        out = {}
+        for p in self.layout.byte_pools:
+            n = num_anchor_pages if p.allocator == self.layout.anchor.name else num_swa_pages
+            out[p.name] = ((p.num_layers, n, *p.page_shape), p.dtype)
+        return out
+
+    # ---- internals ----------------------------------------------------------------------
+
+    def _chunk(self, params, pools, chunk: Chunk, tokens):
+        raise NotImplementedError
+
+    def _forward(self, params, pools, anchor_pages, swa_pages, tokens, start, valid):
+        chunk = Chunk.make(self.page_size, anchor_pages, swa_pages, start, valid)
+        tokens = jnp.clip(tokens, 0, self.vocab_size - 1)  # padding may hold anything
+        pools, logits = self._chunk(params, pools, chunk, tokens)
+        last = jax.lax.dynamic_index_in_dim(logits, valid - 1, axis=0, keepdims=False)
+        return pools, logits, last
+
+    def _call(self, pools, anchor_pages, swa_pages, tokens, start, valid):
+        self._check_pools(pools)
+        anchor_pages = _i32_vector("anchor_pages", anchor_pages, self.max_pages)
+        swa_pages = _i32_vector("swa_pages", swa_pages, self.max_pages)
+        tokens = _i32_vector("tokens", tokens, self.page_size)
+        start, valid = _i32_scalar("start", start), _i32_scalar("valid", valid)
+        if isinstance(start, np.int32) and isinstance(valid, np.int32):
+            self._check_range(int(start), int(valid))
+        return self._step(self.params, dict(pools), anchor_pages, swa_pages, tokens, start, valid)
+
+    def _check_range(self, start: int, valid: int) -> None:
+        P = self.page_size
+        if start < 0 or start % P:
+            raise ValueError(f"start must be a non-negative multiple of page_size {P}, got {start}")
+        if start // P >= self.max_pages:
+            raise ValueError(f"start {start} is on logical page {start // P}, beyond max_pages {self.max_pages}")
+        if not 1 <= valid <= P:
+            raise ValueError(f"valid must be in 1..{P}, got {valid}")
+
+    def _check_pools(self, pools) -> None:
+        want = {p.name: p for p in self.layout.byte_pools}
+        if set(pools) != set(want):
+            raise ValueError(f"pools must have exactly the layout's byte pools {sorted(want)}, got {sorted(pools)}")
+        pages: dict[str, int] = {}
+        for name, spec in want.items():
+            arr = pools[name]
+            if arr.ndim != 2 + len(spec.page_shape) or arr.shape[0] != spec.num_layers \
+                    or tuple(arr.shape[2:]) != spec.page_shape or str(arr.dtype) != spec.dtype:
+                raise ValueError(f"pool {name!r} must be {spec.dtype}[{spec.num_layers}, num_pages, "
+                                 f"{', '.join(map(str, spec.page_shape))}], got {arr.dtype}{list(arr.shape)}")
+            n = pages.setdefault(spec.allocator, arr.shape[1])
+            if arr.shape[1] != n:
+                raise ValueError(f"pool {name!r} has {arr.shape[1]} pages but other pools indexed by "
+                                 f"{spec.allocator!r} have {n}")
+
+
+def _i32_vector(what: str, x, n: int):
+    if isinstance(x, jax.Array):
+        if x.shape != (n,):
+            raise ValueError(f"{what} must have shape ({n},), got {x.shape}")
+        return x.astype(jnp.int32)
+    a = np.asarray(x)
+    if a.shape != (n,) or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"{what} must be int[{n}], got {a.dtype}{list(a.shape)}")
+    return a.astype(np.int32)
+
+
+def _i32_scalar(what: str, x):
+    if isinstance(x, jax.Array):
+        if x.shape != ():
+            raise ValueError(f"{what} must be a scalar, got shape {x.shape}")
+        return x.astype(jnp.int32)
+    if not isinstance(x, (int, np.integer)) or isinstance(x, bool):
+        raise ValueError(f"{what} must be an int, got {x!r}")
+    return np.int32(x)
