@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import importlib
 
-from hicache_jax.config import ModelConfig, load_model_config
+from hicache_jax.config import HiCacheConfig, ModelConfig, load_model_config
 from hicache_jax.layout import PoolLayout, PoolSpec, build_layout
+from hicache_jax.tree import MatchResult
 
 # name -> module that defines it; imported on first access (these import jax).
-_LAZY: dict[str, str] = {}
+_LAZY: dict[str, str] = {
+    "HiCache": "hicache_jax.cache",
+    "LoadBack": "hicache_jax.cache",
+    "StepReport": "hicache_jax.cache",
+    "CacheStats": "hicache_jax.metrics",
+}
 
 
 def __getattr__(name: str):
@@ -20,4 +26,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hicache_jax' has no attribute {name!r}")
 
 
-__all__ = ["ModelConfig", "PoolLayout", "PoolSpec", "build_layout", "load_model_config", *_LAZY]
+__all__ = ["HiCacheConfig", "MatchResult", "ModelConfig", "PoolLayout", "PoolSpec", "build_layout",
+           "load_model_config", *_LAZY]

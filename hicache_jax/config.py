@@ -165,3 +165,100 @@ def _check_positive(field: str, value: int) -> None:
 def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise ValueError(f"config field '{field}' must be one of {', '.join(choices)}; got {value!r}")
+
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+
+
+@dataclasses.dataclass(frozen=True)
+class HiCacheConfig:
+    """How big each tier is and how the cache behaves. Validated at construction.
+
+    Device tier: `device_pages` anchor pages (tokens = pages x page_size) and
+    `swa_device_pages` SWA pages (default: as many). Host tier, exactly one of:
+    `host_pages` (anchor pages, or {allocator: pages}), `host_ratio` (host pages = ratio x
+    device pages, every allocator), or `host_budget_bytes` ({allocator: bytes}: a per-pool
+    budget, turned into pages by the bytes of one page of every pool that allocator
+    addresses). Default: `host_ratio=2.0`.
+
+    Load-back: a host hit is brought back only if it moves at least
+    `max(1, load_back_threshold)` tokens (or an SWA window), and, when
+    `recompute_seconds_per_token` is set, only if moving its bytes at
+    `link_bytes_per_second` is faster than recomputing its tokens.
+    """
+
+    device_pages: int
+    swa_device_pages: int | None = None
+    host_pages: int | dict[str, int] | None = None
+    host_ratio: float | None = None
+    host_budget_bytes: dict[str, int] | None = None
+    write_policy: str = "write_through"
+    write_through_threshold: int | None = None   # hits before a backup; policy default when None
+    load_back_threshold: int = 10                # tokens
+    recompute_seconds_per_token: float | None = None
+    link_bytes_per_second: float = 25e9
+    transfer_timeout_s: float = 30.0             # a transfer not done by then is failed
+    max_staging_bytes: int = 512 << 20
+    host_memory_limit_bytes: int = 64 << 30      # XLA's pinned host pool cap by default
+    check_invariants: bool = False               # recompute every invariant after each call (tests)
+
+    def __post_init__(self):
+        _check_count("device_pages", self.device_pages, minimum=1)
+        if self.swa_device_pages is not None:
+            _check_count("swa_device_pages", self.swa_device_pages, minimum=1)
+        given = [n for n in ("host_pages", "host_ratio", "host_budget_bytes") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of host_pages, host_ratio, host_budget_bytes; got {', '.join(given)}")
+        if isinstance(self.host_pages, dict):
+            for k, v in self.host_pages.items():
+                _check_count(f"host_pages[{k!r}]", v)
+        elif self.host_pages is not None:
+            _check_count("host_pages", self.host_pages)
+        if self.host_ratio is not None and not (isinstance(self.host_ratio, (int, float)) and self.host_ratio > 0):
+            raise ValueError(f"HiCacheConfig field 'host_ratio' must be a positive number, got {self.host_ratio!r}")
+        if self.host_budget_bytes is not None:
+            if not isinstance(self.host_budget_bytes, dict):
+                raise ValueError(f"HiCacheConfig field 'host_budget_bytes' must be {{allocator: bytes}}, "
+                                 f"got {self.host_budget_bytes!r}")
+            for k, v in self.host_budget_bytes.items():
+                _check_count(f"host_budget_bytes[{k!r}]", v)
+        if self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"HiCacheConfig field 'write_policy' must be one of {', '.join(WRITE_POLICIES)}; "
+                             f"got {self.write_policy!r}")
+        if self.write_through_threshold is not None:
+            _check_count("write_through_threshold", self.write_through_threshold, minimum=1)
+        if not isinstance(self.load_back_threshold, int) or isinstance(self.load_back_threshold, bool):
+            raise ValueError(f"HiCacheConfig field 'load_back_threshold' must be an integer, got {self.load_back_threshold!r}")
+        for name in ("recompute_seconds_per_token", "link_bytes_per_second", "transfer_timeout_s"):
+            v = getattr(self, name)
+            if v is not None and not (isinstance(v, (int, float)) and v > 0):
+                raise ValueError(f"HiCacheConfig field {name!r} must be a positive number, got {v!r}")
+        _check_count("max_staging_bytes", self.max_staging_bytes, minimum=1)
+        _check_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
+
+    def page_counts(self, layout) -> tuple[dict[str, int], dict[str, int]]:
+        """(device pages, host pages) per allocator of `layout` (pure: no allocation)."""
+        allocators = [p.name for p in layout.allocator_pools]
+        anchor = layout.anchor.name
+        device = {a: self.device_pages if a == anchor else (self.swa_device_pages or self.device_pages)
+                  for a in allocators}
+        if isinstance(self.host_pages, dict):
+            host = dict(self.host_pages)
+        elif self.host_pages is not None:
+            host = {a: self.host_pages for a in allocators}
+        elif self.host_budget_bytes is not None:
+            host = {a: b // max(1, layout.page_bytes_of(a)) for a, b in self.host_budget_bytes.items()}
+        else:
+            ratio = 2.0 if self.host_ratio is None else self.host_ratio
+            host = {a: max(1, int(device[a] * ratio)) for a in allocators}
+        unknown = sorted(set(host) - set(allocators))
+        missing = sorted(set(allocators) - set(host))
+        if unknown or missing:
+            raise ValueError(f"host page budgets name {unknown or missing}: they must cover exactly the "
+                             f"allocators {allocators}")
+        return device, host
+
+
+def _check_count(field: str, value, minimum: int = 0) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise ValueError(f"HiCacheConfig field '{field}' must be an integer >= {minimum}, got {value!r}")

@@ -64,7 +64,8 @@ class TreeCore(WritePath, ReadPath, Eviction):
         self._held: dict[str, set[int]] = {name: set() for name in self.device.order}
         self._locks: dict[int, Node] = {}
         self._next_lock = 1
-        self.dropped: Counter[str] = Counter()   # tokens destroyed without a host copy, by reason
+        self.dropped: Counter[str] = Counter()      # anchor tokens destroyed without a host copy, by reason
+        self.dropped_swa: Counter[str] = Counter()  # SWA-window tokens destroyed with them, by reason
         self.events: Counter[str] = Counter()    # evictions, refusals, failures: for metrics
         self._init_write_path()
         self._init_read_path()
@@ -258,24 +259,23 @@ class TreeCore(WritePath, ReadPath, Eviction):
         if len(tokens) % page:
             raise ValueError(f"insert of {len(tokens)} tokens: must be whole pages of {page}")
         path = self.tree.walk(tokens)
-        self._check_insert(tokens, dev, swa, path)
+        ours = self._check_insert(tokens, dev, swa, path)
         now = self._tick()
-        pos, stopped, touched = 0, False, []
+        pos, valid_pages, stopped, touched = 0, 0, False, []
         for node, matched in path:
             if matched < len(node.tokens):
                 node = self._split(node, matched)
-            first = pos // page
-            k = matched // page
-            given = dev[first:first + k]
+            first, k = pos // page, matched // page
             if node.state in DEVICE_VALID:
-                self._free_duplicates(self.anchor, given, node.device)
-            elif node.state is Residency.HOST:
+                valid_pages += k if valid_pages == first else 0
+            elif node.state is Residency.HOST:       # a host-only node adopts the request's pages
+                given = dev[first:first + k]
                 self._take_held(self.anchor, given)
                 node.device = given.astype(np.int32)
                 if self.swa is not None:
                     node.swa_device = np.full(k, ABSENT, np.int32)
                 node.apply(Event.ADOPT_DEVICE)
-            else:                      # LOADING / HOST_PENDING: in flight, leave it be
+            else:                                     # LOADING / HOST_PENDING: in flight, leave it be
                 stopped = True
                 break
             if self.swa is not None:
@@ -285,9 +285,8 @@ class TreeCore(WritePath, ReadPath, Eviction):
             touched.append(node)
             pos += matched
         new_len = 0
-        parent = touched[-1] if touched else self.tree.root
         if not stopped and pos < len(tokens):
-            node = self.tree.add(parent, tokens[pos:], Residency.DEVICE)
+            node = self.tree.add(touched[-1] if touched else self.tree.root, tokens[pos:], Residency.DEVICE)
             self._by_id[node.id] = node
             given = dev[pos // page:]
             self._take_held(self.anchor, given)
@@ -299,17 +298,20 @@ class TreeCore(WritePath, ReadPath, Eviction):
             touched.append(node)
             new_len = len(tokens) - pos
             pos = len(tokens)
-        # whatever the tree did not take goes back to the allocators
+        # what the tree already had, and whatever it did not take, goes back to the allocators
+        self._free_duplicates(self.anchor, dev[:valid_pages], ours[:valid_pages])
         self._free_duplicates(self.anchor, dev[pos // page:], None)
-        for logical, p in swa.items():
-            self._free_duplicates(self.swa, np.asarray([p]), None)
+        if swa:
+            self._free_duplicates(self.swa, np.asarray(list(swa.values())), None)
+        if touched:
+            self._offer_leaf(touched[-1])    # the others have a device child on this path
         for node in touched:
-            self._offer_leaf(node)
             self._on_hit(node)
         last = touched[-1] if touched else self.tree.root
         return InsertResult(last.id, pos, new_len)
 
-    def _check_insert(self, tokens: np.ndarray, dev: np.ndarray, swa: dict[int, int], path) -> None:
+    def _check_insert(self, tokens: np.ndarray, dev: np.ndarray, swa: dict[int, int], path) -> np.ndarray:
+        """Validate an insert before anything changes; return the tree's anchor pages along it."""
         n_pages = len(tokens) // self.page_size
         if dev.size != n_pages:
             raise ValueError(f"insert of {n_pages} pages given {dev.size} device pages")
@@ -323,7 +325,7 @@ class TreeCore(WritePath, ReadPath, Eviction):
                                        (self.swa, np.asarray(list(swa.values()), np.int64), tree_swa)):
             if allocator is None or given.size == 0:
                 continue
-            if np.unique(given).size != given.size:
+            if len(set(given.tolist())) != given.size:
                 raise ValueError(f"insert gives {allocator} device pages twice: {given.tolist()}")
             if allocator == self.anchor:   # the tree's page at the same position, or held
                 differ = np.flatnonzero(given[: ours.size] != ours).tolist() + list(range(ours.size, given.size))
@@ -335,6 +337,7 @@ class TreeCore(WritePath, ReadPath, Eviction):
             if foreign:
                 raise ValueError(f"insert gives {allocator} device pages {foreign} that are neither held "
                                  f"by a request nor the tree's own pages for these tokens")
+        return tree_dev
 
     def _tree_pages_along(self, path) -> tuple[np.ndarray, np.ndarray]:
         """The tree's device pages along a walk: anchor pages in order, and its SWA pages."""

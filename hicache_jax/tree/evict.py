@@ -62,7 +62,7 @@ class Eviction:
                 reason = DropReason.HOST_PRESSURE if self.policy is WritePolicy.WRITE_BACK \
                     else DropReason.WRITE_THROUGH_UNBACKED_EVICTION
                 dropped += len(node.tokens)
-                self.dropped[reason] += len(node.tokens)
+                self._count_drop(node, reason, s)
                 self._remove_subtree(node)
             else:
                 if node.state is Residency.BACKING_UP:   # write-back: committed just now
@@ -74,6 +74,11 @@ class Eviction:
             freed, swa_freed = freed + k, swa_freed + s
             self._offer_leaf(parent)
         return EvictResult(freed, swa_freed, dropped)
+
+    def _count_drop(self, node: Node, reason: str, swa_pages: int) -> None:
+        self.dropped[reason] += len(node.tokens)
+        if swa_pages:
+            self.dropped_swa[reason] += swa_pages * self.page_size
 
     def _free_device_pages(self, node: Node) -> None:
         self.device[self.anchor].free(node.device)

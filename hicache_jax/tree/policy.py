@@ -37,6 +37,8 @@ class Refusal(enum.StrEnum):
     PENDING = "pending"                  # its host copy is still being written
     STALE = "stale"                      # the tree changed since the match
     NO_DEVICE_SPACE = "no_device_space"  # device pages could not be found, even after eviction
+    NOT_WORTH_IT = "not_worth_it"        # the cost model says recomputing is faster
+    FAILED = "failed"                    # the transfer raised at start
 
 
 @dataclasses.dataclass(frozen=True)

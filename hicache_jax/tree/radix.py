@@ -37,14 +37,18 @@ class RadixTree:
         multiple of page_size (callers truncate).
         """
         path: list[tuple[Node, int]] = []
-        node, pos, n = self.root, 0, len(tokens)
+        node, pos, n, page = self.root, 0, len(tokens), self.page_size
         while pos < n:
-            child = node.children.get(tokens[pos:pos + self.page_size].tobytes())
+            child = node.children.get(tokens[pos:pos + page].tobytes())
             if child is None:
                 break
             span = min(len(child.tokens), n - pos)
-            diff = np.flatnonzero(child.tokens[:span] != tokens[pos:pos + span])
-            matched = span if diff.size == 0 else int(diff[0]) // self.page_size * self.page_size
+            # the key matched the first page; a byte compare (memcmp) settles the rest at once
+            if child.tokens[page:span].tobytes() == tokens[pos + page:pos + span].tobytes():
+                matched = span
+            else:
+                diff = np.flatnonzero(child.tokens[:span] != tokens[pos:pos + span])
+                matched = int(diff[0]) // page * page
             path.append((child, matched))
             if matched < len(child.tokens):
                 break

@@ -120,7 +120,7 @@ class WritePath:
             if node.state is Residency.GONE:      # went with an ancestor's subtree
                 continue
             if node.state is Residency.HOST_PENDING:
-                self.dropped[DropReason.BACKUP_FAILED] += len(node.tokens)
+                self._count_drop(node, DropReason.BACKUP_FAILED, self._swa_count(node.swa_host))
                 self._remove_subtree(node)
             else:
                 self._free_host_pages(node)
