@@ -1,5 +1,6 @@
 import os
 import pathlib
+import sys
 
 import pytest
 from hypothesis import settings
@@ -15,6 +16,8 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
+if str(ROOT) not in sys.path:      # the examples (tiny models, decode loop) are imported by tests
+    sys.path.insert(0, str(ROOT))
 
 
 @pytest.fixture

@@ -65,8 +65,9 @@ class Eviction:
                 self._count_drop(node, reason, s)
                 self._remove_subtree(node)
             else:
-                if node.state is Residency.BACKING_UP:   # write-back: committed just now
-                    self.needs_flush = True
+                if node.state is Residency.BACKING_UP:   # write-back: committed just now, demoted now;
+                    self.needs_flush = True              # nothing left on device to guard: unlock
+                    self._release_write_lock(node)
                 self._free_device_pages(node)
                 node.apply(Event.EVICT_DEVICE)
                 self._offer_leaf(node)
@@ -118,7 +119,8 @@ class Eviction:
         """Take `node` and everything below it out of the tree, freeing all their pages.
 
         Used when `node`'s data is gone (dropped or a failed demotion): what hangs below it
-        is host-only and unreachable. Descendants' tokens count as host evictions.
+        is host-only and unreachable. Descendants' tokens count as host evictions; a
+        descendant whose host copy is still in flight leaves its pages to that write.
         """
         parent = node.parent
         stack, order = [node], []
@@ -127,8 +129,10 @@ class Eviction:
             order.append(n)
             stack.extend(n.children.values())
         for n in reversed(order):                         # children before parents
-            if n.load_id is not None or n.write_id is not None:
+            if n.load_id is not None or n.state is Residency.BACKING_UP:
                 raise AssertionError(f"bug: removing {n} with a transfer in flight")
+            if n.write_id is not None:                    # its host copy is still being written:
+                self._detach_write(n)                     # its pages are freed when that write ends
             if n is not node:
                 self.events["host_evicted_tokens"] += len(n.tokens)
             if n.device is not None:

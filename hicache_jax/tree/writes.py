@@ -147,18 +147,29 @@ class WritePath:
             if node.state is not Residency.GONE:
                 self._offer_leaf(node)
 
+    def _release_write_lock(self, node: Node) -> None:
+        """Drop the device lock `node`'s pending write holds (its device pages are gone)."""
+        write = self._writes[node.write_id]
+        lock = next(l for l in write.locks if self._locks.get(l.value) is node)
+        write.locks.remove(lock)
+        self.unlock(lock)
+
+    def _detach_write(self, node: Node) -> None:
+        """`node` leaves its pending write: its host pages are freed when the write ends."""
+        write = self._writes[node.write_id]
+        write.nodes.discard(node)
+        for allocator, pages in self._host_pages(node).items():
+            write.zombie_host.setdefault(allocator, []).extend(pages.tolist())
+        node.host = node.swa_host = None
+        node.write_id = None
+
     def _unback_subtree(self, node: Node) -> None:
         """Write-through closure after an ancestor's backup failed: no host copy below it."""
         st = node.state
         if st is Residency.DEVICE:
             pass
         elif st is Residency.BACKING_UP:             # its own DMA is in flight: free at its end
-            write = self._writes[node.write_id]
-            write.nodes.discard(node)
-            for allocator, pages in self._host_pages(node).items():
-                write.zombie_host.setdefault(allocator, []).extend(pages.tolist())
-            node.host = node.swa_host = None
-            node.write_id = None
+            self._detach_write(node)
             node.apply(Event.BACKUP_FAILED)
         elif st is Residency.SYNCED:
             self._free_host_pages(node)
