@@ -1,0 +1,572 @@
+"""Transfer engine benchmark: backup / load-back GB/s beside contiguous and per-page device_put.
+
+    python benchmarks/bench_transfer.py --smoke --out DIR   # CPU, tiny models, seconds (CI)
+    python benchmarks/bench_transfer.py --out DIR           # GPU: real V4-Flash and GQA sizes
+
+Every transfer moves random, non-contiguous device pages (backup) and loads them back into
+other random device pages, checked bit-exact on the device. Beside each engine number, in
+the same run: a contiguous `jax.device_put` of the same bytes to/from pinned host, and a
+list `device_put` of one array per page (sglang-jax's host pool design). Also measured:
+the Pallas kernels against XLA (layer-axis pools vs one array per layer, block sizes),
+a one-page transfer of all pools, fragmented host runs, in-place checks, and the HLO
+opcodes that touch host memory. Writes `transfer.json` (+ `transfer.png`) to DIR and
+prints a table.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding  # noqa: E402
+
+import hicache_jax as hc  # noqa: E402
+import pallas_kernels as pk  # noqa: E402
+from hicache_jax.config import model_config_from_dict  # noqa: E402
+from hicache_jax.plan import make_plan  # noqa: E402
+from hicache_jax.transfer import TransferEngine, hlo_host_ops  # noqa: E402
+from hicache_jax.transfer.host_check import HLO_HOST_OK  # noqa: E402
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REAL_GQA = {"name": "gqa-32x8x128", "model_type": "gqa", "num_hidden_layers": 32, "num_key_value_heads": 8,
+            "head_dim": 128, "page_size": 256, "kv_dtype": "bfloat16"}
+
+
+class Bench:
+    def __init__(self, out: str, smoke: bool, budget_s: float):
+        self.out, self.smoke = out, smoke
+        self.t0 = time.perf_counter()
+        self.budget_s = budget_s
+        self.results: dict = {"env": env_info(), "sweeps": {}, "errors": {}}
+        self.block_bytes = pk.DEFAULT_BLOCK_BYTES
+        self.kernels = "auto"
+
+    def section(self, name, fn, *args):
+        left = self.budget_s - (time.perf_counter() - self.t0)
+        if left < 30:
+            self.results["errors"][name] = f"skipped: {left:.0f} s of the time budget left"
+            return
+        print(f"== {name} ({time.perf_counter() - self.t0:.0f} s)", flush=True)
+        try:
+            fn(self, *args)
+        except Exception:
+            self.results["errors"][name] = traceback.format_exc()[-3000:]
+            print(self.results["errors"][name], flush=True)
+        gc.collect()
+        self.save()
+
+    def save(self):
+        os.makedirs(self.out, exist_ok=True)
+        with open(os.path.join(self.out, "transfer.json"), "w") as f:
+            json.dump(self.results, f, indent=1, default=str)
+
+    def reps(self, pages):
+        if self.smoke:
+            return 1
+        return 20 if pages <= 16 else (8 if pages <= 256 else 4)
+
+
+def env_info() -> dict:
+    dev = jax.devices()[0]
+    return {"jax": jax.__version__, "backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
+            "num_devices": jax.device_count(), "date": time.strftime("%Y-%m-%d"),
+            "memories": [m.kind for m in dev.addressable_memories()]}
+
+
+def median_s(fn, reps: int, warm: int = 1) -> float:
+    for _ in range(warm):
+        fn()
+    ts = []
+    for _ in range(reps):
+        t = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t)
+    return float(np.median(ts))
+
+
+def random_pools(engine: TransferEngine, seed: int) -> dict:
+    pools = engine.init_device_pools()
+    out = {}
+    for i, (name, x) in enumerate(pools.items()):
+        bits = jnp.uint8 if x.dtype.itemsize == 1 else jnp.uint16  # random bytes, whatever the dtype
+        fill = jax.jit(lambda k, s=x.shape, d=x.dtype, b=bits: jax.lax.bitcast_convert_type(jax.random.bits(k, s, b), d),
+                       out_shardings=x.sharding)
+        out[name] = fill(jax.random.key(seed + i))
+    del pools
+    jax.block_until_ready(out)
+    return out
+
+
+def pages_equal(pools: dict, names, a: np.ndarray, b: np.ndarray) -> bool:
+    """Pages `a` and `b` hold the same bytes in every pool named (checked on the device)."""
+    ok = True
+    for n in names:
+        x = pools[n]
+        bits = jnp.uint8 if x.dtype.itemsize == 1 else jnp.uint16  # compare bits: random bf16 holds NaNs
+        same = jax.jit(lambda x, a, b: jnp.all(jax.lax.bitcast_convert_type(x[:, a], bits)
+                                               == jax.lax.bitcast_convert_type(x[:, b], bits)))
+        ok &= bool(same(x, a, b))
+    return ok
+
+
+def run_pair(engine, pools, layout, alloc_pages: dict, rng, device_total: dict, host_total: dict, reps: int,
+             fragmented: bool = False):
+    """Back up random device pages, load them into other random pages; time both and check bytes."""
+    src, dst, host = {}, {}, {}
+    for a, n in alloc_pages.items():
+        perm = rng.permutation(device_total[a])
+        src[a], dst[a] = perm[:n].astype(np.int32), perm[n:2 * n].astype(np.int32)
+        if fragmented:
+            host[a] = np.sort(rng.choice(host_total[a], n, replace=False)).astype(np.int32)
+        else:
+            start = int(rng.integers(0, host_total[a] - n + 1))
+            host[a] = np.arange(start, start + n, dtype=np.int32)
+    backup = make_plan(layout, "backup", {a: (src[a], host[a]) for a in alloc_pages})
+    load = make_plan(layout, "load", {a: (dst[a], host[a]) for a in alloc_pages})
+    state = {"pools": pools}
+    dispatch = []
+
+    def do(plan):
+        t = time.perf_counter()
+        state["pools"], h = engine.start(plan, state["pools"])
+        dispatch.append(time.perf_counter() - t)
+        h.wait()
+
+    t_b = median_s(lambda: do(backup), reps)
+    t_l = median_s(lambda: do(load), reps)
+    ok = all(pages_equal(state["pools"], backup.batch(a).pools, src[a], dst[a]) for a in alloc_pages)
+    runs = sum(len(backup.batch(a).host_runs) for a in alloc_pages)
+    return state["pools"], dict(nbytes=backup.nbytes(layout), backup_s=t_b, load_s=t_l, exact=ok, host_runs=runs,
+                                dispatch_ms_median=1e3 * float(np.median(dispatch)))
+
+
+def contiguous(nbytes: int, reps: int, sharding_dev, sharding_host, shape=None):
+    shape = shape or (nbytes,)
+    x = jax.jit(lambda: jnp.ones(shape, jnp.uint8), out_shardings=sharding_dev)()
+    hx = jax.device_put(x, sharding_host)
+    hx.block_until_ready()
+    d2h = median_s(lambda: jax.device_put(x, sharding_host).block_until_ready(), reps)
+    h2d = median_s(lambda: jax.device_put(hx, sharding_dev).block_until_ready(), reps)
+    return d2h, h2d
+
+
+def per_page(pages: int, row_bytes: int, reps: int, dev, host):
+    x = [jax.device_put(jnp.full((row_bytes,), i % 251, jnp.uint8), dev) for i in range(pages)]
+    hx = jax.device_put(x, [host] * pages)
+    jax.block_until_ready(hx)
+    d2h = median_s(lambda: jax.block_until_ready(jax.device_put(x, [host] * pages)), reps)
+    h2d = median_s(lambda: jax.block_until_ready(jax.device_put(hx, [dev] * pages)), reps)
+    return d2h, h2d
+
+
+def sweep(bench: Bench, name: str, engine, pools, layout, alloc: str, pages_list, device_total, host_total,
+          baselines: bool = True, mesh=None):
+    rng = np.random.default_rng(1)
+    rows = []
+    dev = SingleDeviceSharding(jax.devices()[0])
+    hst = SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    for n in pages_list:
+        reps = bench.reps(n)
+        pools, r = run_pair(engine, pools, layout, {alloc: n}, rng, device_total, host_total, reps)
+        row = {"pages": n, "MB": r["nbytes"] / 1e6, "exact": r["exact"], "backup_ms": 1e3 * r["backup_s"],
+               "load_ms": 1e3 * r["load_s"], "dispatch_ms": r["dispatch_ms_median"],
+               "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9, "load_gbps": r["nbytes"] / r["load_s"] / 1e9}
+        if mesh is not None:  # the same bytes, split over the ranks like the tp host buffer
+            tp = mesh.shape["tp"]
+            rows_bytes = r["nbytes"] // n
+            d2h, h2d = contiguous(0, reps, NamedSharding(mesh, P(None, "tp")),
+                                  NamedSharding(mesh, P(None, "tp"), memory_kind="pinned_host"),
+                                  shape=(n, rows_bytes // tp * tp))
+        else:
+            d2h, h2d = contiguous(r["nbytes"], reps, dev, hst)
+        row.update(contig_d2h_gbps=r["nbytes"] / d2h / 1e9, contig_h2d_gbps=r["nbytes"] / h2d / 1e9)
+        row.update(backup_ratio=row["backup_gbps"] / row["contig_d2h_gbps"],
+                   load_ratio=row["load_gbps"] / row["contig_h2d_gbps"])
+        if baselines and mesh is None:
+            pd2h, ph2d = per_page(n, r["nbytes"] // n, reps, dev, hst)
+            row.update(perpage_d2h_gbps=r["nbytes"] / pd2h / 1e9, perpage_h2d_gbps=r["nbytes"] / ph2d / 1e9)
+        rows.append(row)
+        print(fmt_row(name, row), flush=True)
+        bench.results["sweeps"][name] = rows
+        bench.save()
+    return pools
+
+
+def fmt_row(name, r):
+    base = (f"{name:>14} {r['pages']:>5} pages {r['MB']:>9.1f} MB | contig D2H {r['contig_d2h_gbps']:6.2f} "
+            f"H2D {r['contig_h2d_gbps']:6.2f} | backup {r['backup_gbps']:6.2f} ({r['backup_ratio']:.3f}) "
+            f"load {r['load_gbps']:6.2f} ({r['load_ratio']:.3f}) | {r['backup_ms']:.3f}/{r['load_ms']:.3f} ms "
+            f"exact={r['exact']}")
+    if "perpage_d2h_gbps" in r:
+        base += f" | per-page {r['perpage_d2h_gbps']:.2f}/{r['perpage_h2d_gbps']:.2f}"
+    return base
+
+
+# ---------------------------------------------------------------------------------------------
+def v4_section(bench: Bench, cfg_path: str, kv_pages, swa_pages, kv_max: int, swa_max: int):
+    layout = hc.build_layout(hc.load_model_config(cfg_path))
+    dev_total = {"kv": 2 * kv_max, "swa": 2 * swa_max}
+    host_total = {"kv": kv_max + 64, "swa": swa_max + 16}
+    t = time.perf_counter()
+    engine = TransferEngine(layout, dev_total, host_total, block_bytes=bench.block_bytes, kernels=bench.kernels)
+    bench.results["v4_engine_init_s"] = time.perf_counter() - t
+    pools = random_pools(engine, 0)
+    t = time.perf_counter()
+    bench.results["v4_warmup_programs"] = engine.warmup(max_pages=None if not bench.smoke else 1)
+    bench.results["v4_warmup_s"] = time.perf_counter() - t
+    bench.results["v4_chunk_pages"] = {a: engine.chunk_pages(a) for a in ("kv", "swa")}
+    bench.results["v4_row_bytes"] = {a: engine.host.formats[a].row_bytes for a in ("kv", "swa")}
+    bench.results["kernels"] = engine.kernels
+
+    # one page of every pool (kv + swa allocators together): latency
+    rng = np.random.default_rng(7)
+    pools, r = run_pair(engine, pools, layout, {"kv": 1, "swa": 1}, rng, dev_total, host_total, 20 if not bench.smoke else 2)
+    bench.results["one_page_all_pools"] = {"bytes": r["nbytes"], "backup_ms": 1e3 * r["backup_s"],
+                                           "load_ms": 1e3 * r["load_s"], "exact": r["exact"]}
+    print("one page, all pools:", bench.results["one_page_all_pools"], flush=True)
+
+    # in place: the host buffer and the pools keep their device pointers
+    try:
+        hp = engine.host.buffers["kv"].unsafe_buffer_pointer()
+        pp = pools["deepseek_v4_c4"].unsafe_buffer_pointer()
+        pools, _ = run_pair(engine, pools, layout, {"kv": 4}, rng, dev_total, host_total, 1)
+        bench.results["in_place"] = {"host_kv": engine.host.buffers["kv"].unsafe_buffer_pointer() == hp,
+                                     "pool_c4": pools["deepseek_v4_c4"].unsafe_buffer_pointer() == pp}
+    except Exception as e:
+        bench.results["in_place"] = f"not checked: {e!r}"
+
+    pools = sweep(bench, "v4_kv", engine, pools, layout, "kv", kv_pages, dev_total, host_total)
+    pools = sweep(bench, "v4_swa", engine, pools, layout, "swa", swa_pages, dev_total, host_total, baselines=False)
+
+    for n in ([256, 4096] if not bench.smoke else []):
+        breakdown(bench, engine, pools, layout, n, dev_total, host_total)
+    # overlap of DMA and pack/unpack inside one program: parts per chunk
+    variants = {}
+    for parts in ([1, 4] if not bench.smoke else []):
+        engine._parts = parts
+        for n in ([256, 4096] if not bench.smoke else [4]):
+            pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n))
+            variants[f"parts{parts}/n{n}"] = {"exact": r["exact"], "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9,
+                                              "load_gbps": r["nbytes"] / r["load_s"] / 1e9}
+            print("variant", f"parts{parts}/n{n}", variants[f"parts{parts}/n{n}"], flush=True)
+    engine._parts = 2
+    bench.results["v4_kv_parts"] = variants
+    dump_hlo(bench, engine)
+
+    # fragmented host runs (random host pages)
+    n = kv_pages[-2] if len(kv_pages) > 1 else kv_pages[-1]
+    pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n), fragmented=True)
+    bench.results["v4_kv_fragmented"] = {"pages": n, "host_runs": r["host_runs"], "exact": r["exact"],
+                                         "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9,
+                                         "load_gbps": r["nbytes"] / r["load_s"] / 1e9}
+    print("fragmented:", bench.results["v4_kv_fragmented"], flush=True)
+    hlo_report(bench, engine, "v4")
+    del pools, engine
+
+
+def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total):
+    """Time the pieces of one kv transfer of n pages (one chunk when n <= chunk_pages)."""
+    a = "kv"
+    progs = engine._programs[a]
+    reps = bench.reps(n)
+    rng = np.random.default_rng(5)
+    idx = rng.permutation(dev_total[a])[:n].astype(np.int32)
+    start = np.array([int(rng.integers(0, host_total[a] - n))], np.int32)
+    args = tuple(pools[s.name] for s in progs.fmt.pools)
+    out = {"pages": n, "bytes": n * progs.fmt.row_bytes}
+    sd = SingleDeviceSharding(jax.devices()[0])
+    x = jax.jit(lambda: jnp.ones((n, progs.fmt.row_elems), jnp.uint8), out_shardings=sd)()
+    dus = jax.jit(lambda h, x, o: jax.lax.dynamic_update_slice_in_dim(h, jax.device_put(x, jax.memory.Space.Host), o[0], 0),
+                  donate_argnums=0)
+    sl = jax.jit(lambda h, o: jax.device_put(jax.lax.dynamic_slice_in_dim(h, o[0], n, 0), jax.memory.Space.Device))
+
+    def timed(name, fn):
+        out[name + "_ms"] = 1e3 * median_s(fn, reps)
+
+    def host_dus():
+        engine.host.buffers[a] = dus(engine.host.buffers[a], x, start)
+        engine.host.buffers[a].block_until_ready()
+    timed("host_dus_only", host_dus)
+    timed("host_slice_only", lambda: sl(engine.host.buffers[a], start).block_until_ready())
+    gather = jax.jit(lambda s, i: pk.gather_pages(s, i, impl=engine.kernels, block_bytes=bench.block_bytes))
+    timed("gather_kernel", lambda: jax.block_until_ready(gather(args, idx)))
+    if n <= progs.chunk_pages:
+        for parts in (1, 2, 4):
+            run = progs.compiled("backup_run", n, min(parts, n))
+            load = progs.compiled("load_run", n, min(parts, n))
+
+            def b(run=run):
+                engine.host.buffers[a], tok = run(engine.host.buffers[a], args, idx, start)
+                tok.block_until_ready()
+            timed(f"backup_run_p{parts}", b)
+            state = {"p": tuple(x + 0 for x in args)}
+
+            def l(load=load):
+                state["p"], tok = load(state["p"], engine.host.buffers[a], idx, start)
+                tok.block_until_ready()
+            timed(f"load_run_p{parts}", l)
+            del state
+    # Python work of start() outside the programs: plan check, pool check, chunking
+    from hicache_jax.transfer import chunks as chunking
+    from hicache_jax.transfer.plan_check import check_plan
+    plan = make_plan(layout, "backup", {a: (idx, np.arange(start[0], start[0] + n))})
+    out["py_check_plan_us"] = 1e6 * median_s(lambda: check_plan(plan, layout, engine._device.pages, engine.host.pages), 50)
+    out["py_check_pools_us"] = 1e6 * median_s(lambda: engine.check_device_pools(pools), 50)
+    runs = [(r.offset, r.host_start, r.length) for r in plan.batch(a).host_runs]
+    out["py_split_us"] = 1e6 * median_s(lambda: chunking.split(plan.batch(a).device_pages, runs, progs.chunk_pages), 50)
+    # dispatch of a host DUS program: does the call return before the copy ends?
+    f = jax.jit(lambda h, x, o: jax.lax.dynamic_update_slice_in_dim(h, jax.device_put(x, jax.memory.Space.Host), o[0], 0),
+                donate_argnums=0)
+    for label, off in (("numpy", start), ("device", jax.device_put(start, sd))):
+        engine.host.buffers[a] = f(engine.host.buffers[a], x, off)
+        engine.host.buffers[a].block_until_ready()
+        ts = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            engine.host.buffers[a] = f(engine.host.buffers[a], x, off)
+            t1 = time.perf_counter()
+            engine.host.buffers[a].block_until_ready()
+            ts.append((t1 - t0, time.perf_counter() - t0))
+        out[f"dus_offset_{label}_dispatch_ms"] = 1e3 * float(np.median([t[0] for t in ts]))
+        out[f"dus_offset_{label}_total_ms"] = 1e3 * float(np.median([t[1] for t in ts]))
+    bench.results[f"breakdown_kv_{n}"] = out
+    print("breakdown:", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}, flush=True)
+
+
+def dump_hlo(bench: Bench, engine):
+    for key, compiled in engine.compiled_programs().items():
+        if "backup_run" in key and "256" in key and not bench.smoke:
+            with open(os.path.join(bench.out, "hlo_backup_run.txt"), "w") as f:
+                f.write(compiled.as_text())
+        if "d2h" in key and "(\'d2h\', 8, 1)" in key:
+            with open(os.path.join(bench.out, "hlo_d2h.txt"), "w") as f:
+                f.write(compiled.as_text())
+
+
+def cap_section(bench: Bench, cfg_path: str, caps, n_list, kv_max: int):
+    """The staging cap (chunk size) against backup/load GB/s of long single-run transfers."""
+    layout = hc.build_layout(hc.load_model_config(cfg_path))
+    dev_total, host_total = {"kv": 2 * kv_max, "swa": 2}, {"kv": kv_max + 64, "swa": 2}
+    out = {}
+    pools = None
+    for cap in caps:
+        engine = TransferEngine(layout, dev_total, host_total, max_staging_bytes=cap, block_bytes=bench.block_bytes,
+                                kernels=bench.kernels)
+        if pools is None:
+            pools = random_pools(engine, 9)
+        rng = np.random.default_rng(4)
+        for n in n_list:
+            pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n))
+            out[f"cap{cap >> 20}MiB/n{n}"] = {"chunk_pages": engine.chunk_pages("kv"), "exact": r["exact"],
+                                              "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9,
+                                              "load_gbps": r["nbytes"] / r["load_s"] / 1e9,
+                                              "dispatch_ms": r["dispatch_ms_median"]}
+            print("cap", f"{cap >> 20} MiB n={n}", out[f"cap{cap >> 20}MiB/n{n}"], flush=True)
+        del engine
+        gc.collect()
+    bench.results["v4_kv_caps"] = out
+
+
+def hlo_report(bench: Bench, engine: TransferEngine, name: str):
+    ops, bad = {}, {}
+    for a, progs in engine._programs.items():
+        for key, compiled in progs._cache.items():
+            found = hlo_host_ops(compiled.as_text())
+            ops[f"{a}:{key}"] = sorted(found)
+            if found - HLO_HOST_OK:
+                bad[f"{a}:{key}"] = sorted(found - HLO_HOST_OK)
+    bench.results[f"{name}_hlo_host_ops"] = ops
+    bench.results[f"{name}_hlo_host_compute"] = bad
+    print(f"{name}: HLO opcodes on host memory: {sorted(set(sum(ops.values(), [])))}; unexpected: {bad}", flush=True)
+
+
+def gqa_section(bench: Bench, cfg: dict, pages, max_pages: int, mesh=None, name="gqa"):
+    layout = hc.build_layout(model_config_from_dict(cfg))
+    dev_total, host_total = {"kv": 2 * max_pages}, {"kv": max_pages + 8}
+    engine = TransferEngine(layout, dev_total, host_total, mesh=mesh, block_bytes=bench.block_bytes,
+                            kernels=bench.kernels)
+    pools = random_pools(engine, 3)
+    pools = sweep(bench, name, engine, pools, layout, "kv", pages, dev_total, host_total, mesh=mesh)
+    hlo_report(bench, engine, name)
+    del pools, engine
+
+
+def v4_mesh_section(bench: Bench, cfg_path: str, mesh, n: int):
+    """Replicated pools on a mesh: one host copy on the first device, loads broadcast to every rank."""
+    layout = hc.build_layout(hc.load_model_config(cfg_path))
+    dev_total, host_total = {"kv": 2 * n, "swa": 8}, {"kv": n + 8, "swa": 8}
+    engine = TransferEngine(layout, dev_total, host_total, mesh=mesh, block_bytes=bench.block_bytes,
+                            kernels=bench.kernels)
+    pools = random_pools(engine, 5)
+    rng = np.random.default_rng(3)
+    pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n))
+    # every rank holds the same bytes after the load (replicated pools stay replicated)
+    same = all(bool(np.array_equal(np.asarray(s.data[:, :2]), np.asarray(pools[p].addressable_shards[0].data[:, :2])))
+               for p in ("deepseek_v4_c128",) for s in pools[p].addressable_shards)
+    d2h, h2d = contiguous(r["nbytes"], bench.reps(n), SingleDeviceSharding(jax.devices()[0]),
+                          SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host"))
+    bench.results["v4_mesh"] = {"tp": mesh.shape["tp"], "pages": n, "exact": r["exact"], "ranks_agree": same,
+                                "contig_d2h_gbps": r["nbytes"] / d2h / 1e9, "contig_h2d_gbps": r["nbytes"] / h2d / 1e9,
+                                "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9,
+                                "load_gbps": r["nbytes"] / r["load_s"] / 1e9}
+    print("v4 on mesh:", bench.results["v4_mesh"], flush=True)
+    del pools, engine
+
+
+def kernel_section(bench: Bench, cfg_path: str, pages: int, counts, blocks):
+    """Pallas vs XLA pack/unpack on the V4 kv pools: layer axis vs one array per layer, block sizes."""
+    layout = hc.build_layout(hc.load_model_config(cfg_path))
+    specs = layout.moving_with("kv")
+    key = jax.random.key(11)
+    axis = [jax.random.bits(jax.random.fold_in(key, i), (s.num_layers, pages, *s.page_shape), jnp.uint8)
+            for i, s in enumerate(specs)]
+    per_layer = [x[l:l + 1] + 0 for x in axis for l in range(x.shape[0])]
+    jax.block_until_ready((axis, per_layer))
+    row = sum(s.num_layers * s.page_bytes for s in specs)
+    impls = ["pallas", "reference"] if jax.default_backend() == "gpu" else ["interpret", "reference"]
+    out = {}
+    rng = np.random.default_rng(2)
+    for n in counts:
+        idx = jnp.asarray(rng.permutation(pages)[:n].astype(np.int32))
+        for impl in impls:
+            for label, srcs in (("layer_axis", axis), ("per_layer", per_layer)):
+                for bb in (blocks if impl != "reference" and label == "layer_axis" else [bench.block_bytes]):
+                    if impl == "reference" and bb != bench.block_bytes:
+                        continue
+                    g = jax.jit(lambda s, i, bb=bb, impl=impl: pk.gather_pages(s, i, impl=impl, block_bytes=bb))
+                    st = g(srcs, idx)
+                    t_g = median_s(lambda: g(srcs, idx).block_until_ready(), bench.reps(n))
+                    sc = jax.jit(lambda s, x, i, bb=bb, impl=impl: pk.scatter_pages(s, x, i, impl=impl, block_bytes=bb),
+                                 donate_argnums=0)
+                    state = {"s": [x + 0 for x in srcs]}
+
+                    def run():
+                        state["s"] = sc(state["s"], st, idx)
+                        jax.block_until_ready(state["s"])
+                    t_s = median_s(run, bench.reps(n))
+                    ok = bool(jnp.all(g(state["s"], idx) == st))
+                    k = f"{impl}/{label}/block{bb}/n{n}"
+                    out[k] = {"gather_gbps_rw": 2 * n * row / t_g / 1e9, "scatter_gbps_rw": 2 * n * row / t_s / 1e9,
+                              "gather_us": 1e6 * t_g, "scatter_us": 1e6 * t_s, "exact": ok}
+                    print(k, out[k], flush=True)
+                    del state
+    bench.results["kernels_v4_kv"] = out
+    # pick the block size with the best pack + unpack time at the largest count
+    best = None
+    for bb in blocks:
+        k = f"{impls[0]}/layer_axis/block{bb}/n{counts[-1]}"
+        if k in out:
+            t = out[k]["gather_us"] + out[k]["scatter_us"]
+            if best is None or t < best[0]:
+                best = (t, bb)
+    if best:
+        bench.block_bytes = best[1]
+        ref = out.get(f"reference/layer_axis/block{pk.DEFAULT_BLOCK_BYTES}/n{counts[-1]}")
+        if ref and ref["gather_us"] + ref["scatter_us"] < best[0]:
+            bench.kernels = "reference"  # XLA beat the Pallas kernels here: run the engine on it
+    bench.results["block_bytes_chosen"] = bench.block_bytes
+    bench.results["engine_kernels"] = bench.kernels
+    del axis, per_layer
+
+
+def kernel_correctness(bench: Bench):
+    """Pallas kernels equal their references on the device, on random inputs with PAD entries."""
+    rng = np.random.default_rng(0)
+    impl = "pallas" if jax.default_backend() == "gpu" else "interpret"
+    srcs = [jnp.asarray(rng.integers(0, 256, (3, 16, 1728), dtype=np.uint8)),
+            jnp.asarray(rng.integers(0, 256, (2, 16, 37440), dtype=np.uint8)),
+            jnp.asarray(rng.integers(0, 256, (1, 16, 5, 7), dtype=np.uint8))]
+    bf = [jnp.asarray(rng.standard_normal((4, 16, 2, 8, 256, 64)).astype(jnp.bfloat16))]
+    res = {}
+    for label, s in (("uint8", srcs), ("bf16", bf)):
+        idx = np.array([5, -1, 0, 15, 3, 9, -1, 2], np.int32)
+        a = pk.gather_pages(s, idx, impl=impl)
+        b = pk.gather_pages_reference(s, idx)
+        st = jnp.asarray(rng.integers(0, 256, a.shape, dtype=np.uint8)).view(a.dtype) if a.dtype == jnp.uint8 else \
+            jnp.asarray(rng.standard_normal(a.shape).astype(a.dtype))
+        x = pk.scatter_pages([t + 0 for t in s], st, idx, impl=impl)
+        y = pk.scatter_pages_reference(s, st, idx)
+        res[label] = {"gather": bool(jnp.all(a == b)), "scatter": all(bool(jnp.all(p == q)) for p, q in zip(x, y))}
+    bench.results["kernel_correctness"] = res
+    print("kernel correctness:", res, flush=True)
+
+
+def print_table(results: dict) -> None:
+    print("\n| sweep | pages | MB | contig D2H / H2D GB/s | backup GB/s (ratio) | load GB/s (ratio) | "
+          "per-page D2H / H2D GB/s | backup / load ms | exact |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, rows in results.get("sweeps", {}).items():
+        for r in rows:
+            per_page = (f"{r['perpage_d2h_gbps']:.1f} / {r['perpage_h2d_gbps']:.1f}" if "perpage_d2h_gbps" in r else "-")
+            print(f"| {name} | {r['pages']} | {r['MB']:.1f} | {r['contig_d2h_gbps']:.1f} / {r['contig_h2d_gbps']:.1f} | "
+                  f"{r['backup_gbps']:.1f} ({r['backup_ratio']:.2f}) | {r['load_gbps']:.1f} ({r['load_ratio']:.2f}) | "
+                  f"{per_page} | {r['backup_ms']:.2f} / {r['load_ms']:.2f} | {r['exact']} |")
+
+
+# ---------------------------------------------------------------------------------------------
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU run (seconds)")
+    ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder for JSON and PNG")
+    ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sections after this many seconds")
+    ap.add_argument("--skip", default="", help="comma-separated sections to skip")
+    args = ap.parse_args(argv)
+    bench = Bench(args.out, args.smoke, args.budget_s)
+    skip = set(filter(None, args.skip.split(",")))
+    cfg = lambda n: os.path.join(HERE, "..", "configs", f"{n}.json")  # noqa: E731
+    print("env:", bench.results["env"], flush=True)
+    bench.results["triton_wide_offsets_fix"] = (pk._triton_offsets.ensure_wide_offsets()
+                                                if jax.default_backend() == "gpu" else None)
+    sections = []
+    if args.smoke:
+        sections = [
+            ("kernel_correctness", kernel_correctness),
+            ("v4", v4_section, cfg("tiny_v4"), [1, 4], [1], 4, 2),
+            ("gqa", gqa_section, json.load(open(cfg("tiny_gqa"))), [1, 2], 2),
+        ]
+    else:
+        sections = [
+            ("kernel_correctness", kernel_correctness),
+            ("kernels", kernel_section, cfg("deepseek_v4_flash"), 4096, [256, 4096], [4096, 8192, 16384]),
+            ("v4", v4_section, cfg("deepseek_v4_flash"), [1, 16, 256, 4096], [1, 16, 256], 4096, 256),
+            ("gqa", gqa_section, REAL_GQA, [1, 16, 256], 256),
+            ("caps", cap_section, cfg("deepseek_v4_flash"), [256 << 20, 2048 << 20], [256, 4096], 4096),
+        ]
+    if jax.device_count() >= 2:
+        mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2])
+        if args.smoke:
+            sections.append(("gqa_tp2", gqa_section, json.load(open(cfg("tiny_gqa"))), [1, 2], 2, mesh, "gqa_tp2"))
+        else:
+            sections.append(("gqa_tp2", gqa_section, REAL_GQA, [1, 16, 256], 256, mesh, "gqa_tp2"))
+            sections.append(("v4_mesh", v4_mesh_section, cfg("deepseek_v4_flash"), mesh, 256))
+    for name, fn, *fargs in sections:
+        if name not in skip:
+            bench.section(name, fn, *fargs)
+    bench.results["total_s"] = time.perf_counter() - bench.t0
+    bench.save()
+    try:
+        from plot_transfer import plot
+        plot(bench.results, os.path.join(args.out, "transfer.png"))
+    except Exception as e:
+        bench.results["errors"]["plot"] = repr(e)
+        bench.save()
+    print_table(bench.results)
+    print(json.dumps({k: v for k, v in bench.results.items() if k in ("errors", "one_page_all_pools", "in_place",
+                                                                     "v4_hlo_host_compute", "block_bytes_chosen")},
+                     default=str), flush=True)
+    return bench.results
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, HERE)
+    main()

@@ -1,0 +1,265 @@
+"""`TransferEngine`: moves pages of every pool between device pools (L1) and pinned host (L2).
+
+    backup (device -> host):  a Pallas gather packs the chunk's pages of every pool and
+                              layer into contiguous rows; each host run is one (or a few,
+                              power-of-two sized) device->host copies into the donated host
+                              buffer, in place.
+    load   (host -> device):  each host run is copied to the device as a block; a Pallas
+                              scatter unpacks it into the donated pools, in place.
+
+Everything is dispatched asynchronously at `start`, in device stream order, so the caller
+may donate the pools to its next step at once. Plans larger than the staging cap go in
+chunks of `chunk_pages`; shapes are bucketed to powers of two, so a steady workload stops
+compiling once its shapes were seen (`warmup` compiles the common ones ahead).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import pallas_kernels as pk
+from hicache_jax.layout import PoolLayout
+from hicache_jax.plan import Direction, TransferPlan
+from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
+from hicache_jax.transfer import chunks as chunking
+from hicache_jax.transfer.handle import TransferHandle
+from hicache_jax.transfer.plan_check import check_plan
+from hicache_jax.transfer.programs import AllocatorPrograms
+
+DEFAULT_MAX_STAGING_BYTES = 512 << 20
+DEFAULT_HOST_MEMORY_LIMIT_BYTES = 64 << 30
+DEFAULT_PIPELINE_PARTS = 2
+MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
+
+
+class TransferEngine:
+    """Device pools <-> pinned host pools for one layout (optionally on a `("tp",)` mesh).
+
+    Holds the host tier (allocated here, zero-filled). Device staging is bounded by
+    `max_staging_bytes` per device and allocator: a persistent buffer of `chunk_pages`
+    rows for chunks with fragmented host runs, or the same amount of temporaries while a
+    chunk of one whole run moves (the first device also holds a broadcast copy while
+    loading replicated pools on a mesh). Such a chunk is split into `pipeline_parts` so
+    one part's DMA overlaps the next part's pack/unpack.
+
+    `kernels` picks the pack/unpack implementation: "pallas" (Triton, GPU), "interpret"
+    (Pallas interpreter), "reference" (plain jnp) or "auto" (pallas on GPU, else reference).
+    """
+
+    def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
+                 mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
+                 host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
+                 block_bytes: int = pk.DEFAULT_BLOCK_BYTES, pipeline_parts: int = DEFAULT_PIPELINE_PARTS):
+        self.layout = layout
+        self.devices = Devices.create(mesh)
+        self._device = DevicePools(layout, device_pages, self.devices)
+        host_counts = checked_page_counts(layout, host_pages, "host_pages")
+        if pipeline_parts < 1 or pipeline_parts & (pipeline_parts - 1):
+            raise ValueError(f"pipeline_parts must be a power of two, got {pipeline_parts}")
+        self.kernels = _resolve_kernels(kernels, self.devices.device)
+        self._parts = pipeline_parts
+        chunk_pages = {}
+        for a in self._device.pages:  # before the host tier is allocated: fail fast
+            row_bytes = HostRowFormat.create(layout, a, self.devices).rank_row_bytes
+            pages = _floor_pow2(max_staging_bytes // row_bytes)
+            if pages < 1:
+                raise ValueError(f"max_staging_bytes = {max_staging_bytes:,} is smaller than one page of allocator "
+                                 f"{a!r} ({row_bytes:,} B per device)")
+            # no batch is larger than either tier, and a host copy never exceeds the host pool
+            chunk_pages[a] = min(pages, MAX_CHUNK_PAGES, _floor_pow2(min(self._device.pages[a], host_counts[a])))
+        self.host = HostTier(layout, host_counts, self.devices, host_memory_limit_bytes)
+        self._programs = {
+            a: AllocatorPrograms(fmt, [self._device.shape(s) for s in fmt.pools], self.devices,
+                                 lambda a=a: self.host.buffers[a], chunk_pages[a], self.kernels, block_bytes)
+            for a, fmt in self.host.formats.items()
+        }
+        self._staging: dict[str, jax.Array] = {}
+
+    # -- device pools ----------------------------------------------------------------------
+    def init_device_pools(self) -> dict[str, jax.Array]:
+        """Zero-filled device pools `{pool: [num_layers, device pages, *page_shape]}`, placed for this engine."""
+        return self._device.zeros()
+
+    def check_device_pools(self, pools: Mapping[str, jax.Array]) -> None:
+        """ValueError naming the pool and what is wrong (missing/extra pool, shape, dtype, sharding, deleted)."""
+        self._device.check(pools)
+
+    # -- transfers -------------------------------------------------------------------------
+    def start(self, plan: TransferPlan, pools: Mapping[str, jax.Array]) -> tuple[Mapping[str, jax.Array], TransferHandle]:
+        """Dispatch `plan` and return `(pools, handle)` without waiting for the copies.
+
+        BACKUP reads `pools` and returns the same mapping (the caller may go on using and
+        donating it: later device work is ordered after these reads). LOAD donates the
+        arrays of the pools it writes and returns a new mapping holding their successors
+        (other pools pass through); pages outside the plan keep their bytes on both tiers.
+        A plan that does not fit raises ValueError before anything moves; so does a pool
+        mapping that `check_device_pools` rejects. Errors after dispatch are raised by
+        `handle.done()` / `handle.wait()`.
+        """
+        started = time.perf_counter()
+        check_plan(plan, self.layout, self._device.pages, self.host.pages)
+        self._device.check(pools)
+        backup = plan.direction is Direction.BACKUP
+        work = []
+        for batch in plan.batches:
+            progs = self._programs.get(batch.allocator)
+            if progs is None or batch.num_pages == 0:
+                continue
+            runs = [(r.offset, r.host_start, r.length) for r in batch.host_runs]
+            parts = chunking.split(np.asarray(batch.device_pages, np.int32), runs, progs.chunk_pages)
+            for part in parts:  # compile before anything moves: a compile error leaves both tiers as they were
+                self._compile(progs, part, backup)
+            work.append((progs, parts))
+        out = pools if backup else dict(pools)
+        tokens, error = [], None
+        try:
+            for progs, parts in work:
+                tokens.append(self._backup(progs, parts, pools) if backup else self._load(progs, parts, out))
+        except Exception as e:  # dispatch failed mid-way: the handle reports it
+            error = e
+        return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error)
+
+    def warmup(self, max_pages: int | None = None) -> int:
+        """Compile, ahead of use, the programs of single-run chunks of every power-of-two size
+        up to `max_pages` (default: the chunk size) in both directions; allocate the staging
+        buffers. Returns the number of programs compiled so far."""
+        for progs in self._programs.values():
+            self._staging_buffer(progs)
+            limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
+            pages = 1
+            while pages <= limit:
+                group = chunking.PieceGroup(pages.bit_length() - 1, np.zeros(1, np.int32), np.zeros(1, np.int32), 1)
+                part = chunking.Chunk(np.zeros(pages, np.int32), pages, (group,))
+                self._compile(progs, part, True)
+                self._compile(progs, part, False)
+                pages *= 2
+            progs.compiled("read_row")
+            progs.compiled("write_row")
+        return sum(len(p.jaxprs) for p in self._programs.values())
+
+    # -- host tier access (tests, debugging) --------------------------------------------------
+    def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
+        """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""
+        progs = self._allocator(allocator)
+        page = self._host_page(allocator, host_page)
+        row = progs.compiled("read_row")(self.host.buffers[allocator], page)
+        return progs.fmt.decode(np.asarray(row)[0])
+
+    def write_host_page(self, allocator: str, host_page: int, pages: Mapping[str, np.ndarray]) -> None:
+        """Overwrite one host page with `{pool: [num_layers, *page_shape]}` (whole pages)."""
+        progs = self._allocator(allocator)
+        page = self._host_page(allocator, host_page)
+        row = jax.device_put(progs.fmt.encode(pages)[None], progs.staging_sharding)
+        self.host.buffers[allocator] = progs.compiled("write_row")(self.host.buffers[allocator], row, page)
+
+    # -- introspection ------------------------------------------------------------------------
+    def chunk_pages(self, allocator: str) -> int:
+        """Pages per chunk (staging rows) of `allocator`."""
+        return self._allocator(allocator).chunk_pages
+
+    def program_jaxprs(self) -> dict[str, object]:
+        """Jaxprs of every program compiled so far, by label (for the host-compute check)."""
+        return {k: v for p in self._programs.values() for k, v in p.jaxprs.items()}
+
+    def compiled_programs(self) -> dict[str, jax.stages.Compiled]:
+        """Every program compiled so far, by label (e.g. to inspect its HLO)."""
+        return {f"{a}:{key}": c for a, p in self._programs.items() for key, c in p._cache.items()}
+
+    # -- internals -------------------------------------------------------------------------
+    def _fused(self, progs: AllocatorPrograms, part: chunking.Chunk, backup: bool) -> bool:
+        return part.whole_run_host_start is not None and (backup or not progs.broadcast_load)
+
+    def _compile(self, progs: AllocatorPrograms, part: chunking.Chunk, backup: bool) -> None:
+        pages = part.padded_pages
+        if self._fused(progs, part, backup):
+            progs.compiled("backup_run" if backup else "load_run", pages, min(self._parts, pages))
+            return
+        groups = [(g.log2_rows, len(g.staging_rows)) for g in part.groups]
+        if backup:
+            progs.compiled("pack", pages)
+            for key in groups:
+                progs.compiled("d2h", *key)
+            return
+        for key in groups:
+            progs.compiled("h2d", *key)
+        if progs.broadcast_load:
+            progs.compiled("take", pages)
+        progs.compiled("unpack", pages)
+
+    def _backup(self, progs: AllocatorPrograms, parts, pools) -> jax.Array:
+        a = progs.fmt.allocator
+        args = [pools[s.name] for s in progs.fmt.pools]
+        if progs.on_mesh and not progs.sharded:  # the first device's shard is the whole pool
+            args = [shard_on(x, self.devices.device) for x in args]
+        args = tuple(args)
+        token = None
+        for part in parts:
+            pages = part.padded_pages
+            start = part.whole_run_host_start
+            if start is not None:
+                run = progs.compiled("backup_run", pages, min(self._parts, pages))
+                self.host.buffers[a], token = run(self.host.buffers[a], args, part.device_pages,
+                                                  np.array([start], np.int32))
+                continue
+            self._staging[a] = progs.compiled("pack", pages)(args, part.device_pages, self._staging_buffer(progs))
+            for g in part.groups:
+                d2h = progs.compiled("d2h", g.log2_rows, len(g.staging_rows))
+                self.host.buffers[a], token = d2h(self.host.buffers[a], self._staging[a], g.staging_rows, g.host_rows)
+        return token
+
+    def _load(self, progs: AllocatorPrograms, parts, out: dict[str, jax.Array]) -> jax.Array:
+        a = progs.fmt.allocator
+        names = [s.name for s in progs.fmt.pools]
+        token = None
+        for part in parts:
+            pages = part.padded_pages
+            pools = tuple(out[n] for n in names)
+            if self._fused(progs, part, False):
+                run = progs.compiled("load_run", pages, min(self._parts, pages))
+                new, token = run(pools, self.host.buffers[a], part.device_pages,
+                                 np.array([part.whole_run_host_start], np.int32))
+                out.update(zip(names, new))
+                continue
+            for g in part.groups:
+                h2d = progs.compiled("h2d", g.log2_rows, len(g.staging_rows))
+                self._staging[a] = h2d(self._staging_buffer(progs), self.host.buffers[a], g.host_rows, g.staging_rows)
+            rows = self._staging[a]
+            if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
+                rows = jax.device_put(progs.compiled("take", pages)(rows), self.devices.replicated())
+            new, token = progs.compiled("unpack", pages)(pools, rows, part.device_pages)
+            out.update(zip(names, new))
+        return token
+
+    def _staging_buffer(self, progs: AllocatorPrograms) -> jax.Array:
+        a = progs.fmt.allocator
+        if a not in self._staging:
+            shape = (progs.chunk_pages, progs.fmt.row_elems)
+            self._staging[a] = jax.jit(lambda: jnp.zeros(shape, progs.dtype), out_shardings=progs.staging_sharding)()
+        return self._staging[a]
+
+    def _allocator(self, allocator: str) -> AllocatorPrograms:
+        if allocator not in self._programs:
+            raise ValueError(f"allocator {allocator!r} has no host pool here (allocators with bytes: {sorted(self._programs)})")
+        return self._programs[allocator]
+
+    def _host_page(self, allocator: str, host_page: int) -> np.ndarray:
+        pages = self.host.pages[allocator]
+        if not isinstance(host_page, (int, np.integer)) or isinstance(host_page, bool) or not 0 <= host_page < pages:
+            raise ValueError(f"host page {host_page!r} of {allocator!r} outside 0..{pages - 1}")
+        return np.array([host_page], np.int32)
+
+
+def _resolve_kernels(kernels: str, device: jax.Device) -> str:
+    if kernels == "auto":
+        return "pallas" if device.platform == "gpu" else "reference"
+    if kernels not in pk.IMPLS:
+        raise ValueError(f"kernels must be 'auto' or one of {', '.join(pk.IMPLS)}; got {kernels!r}")
+    return kernels
+
+
+def _floor_pow2(n: int) -> int:
+    return 1 << (n.bit_length() - 1) if n >= 1 else 0

@@ -1,0 +1,68 @@
+"""`TransferHandle`: one in-flight transfer, polled or waited on by the caller."""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+import jax
+
+from hicache_jax.plan import TransferPlan
+
+
+class TransferHandle:
+    """A transfer started by `TransferEngine.start`.
+
+    The transfer is complete when every program it dispatched has finished on its device;
+    `tokens` are small outputs of the last programs (outputs of one program become ready
+    together, when it ends). `done()` polls without blocking, `wait()` blocks; both raise
+    the transfer's error, if it failed, every time they are called.
+    """
+
+    def __init__(self, plan: TransferPlan, nbytes: int, started: float, tokens: Sequence[jax.Array] = (),
+                 error: BaseException | None = None):
+        self.plan = plan
+        self.nbytes = nbytes      # bytes moved, all pools and ranks
+        self._started = started   # time.perf_counter() at start
+        self._tokens = list(tokens)
+        self._error = error
+        self._seconds: float | None = None
+        if not self._tokens and error is None:
+            self._seconds = time.perf_counter() - started
+
+    @property
+    def seconds(self) -> float | None:
+        """Start to observed completion (None until `done()` or `wait()` has seen it)."""
+        return self._seconds
+
+    def done(self) -> bool:
+        """True once the transfer has finished; never blocks. Raises the transfer's error."""
+        self._raise()
+        if self._seconds is not None:
+            return True
+        if not all(t.is_ready() for t in self._tokens):
+            return False
+        self._finish()
+        return True
+
+    def wait(self) -> None:
+        """Block until the transfer has finished. Raises the transfer's error."""
+        self._raise()
+        if self._seconds is None:
+            self._finish()
+
+    def _finish(self) -> None:
+        try:
+            jax.block_until_ready(self._tokens)
+        except Exception as e:  # the device reported a failure: keep and re-raise it
+            self._error = e
+            self._raise()
+        self._seconds = time.perf_counter() - self._started
+        self._tokens = []
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"transfer of {self.plan.direction} plan failed: {self._error}") from self._error
+
+    def __repr__(self) -> str:
+        state = "failed" if self._error else ("done" if self._seconds is not None else "in flight")
+        return f"TransferHandle({self.plan.direction}, {self.nbytes:,} B, {state})"

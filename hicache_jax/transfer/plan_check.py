@@ -1,0 +1,89 @@
+"""Validate a `TransferPlan` against an engine's layout and tier sizes, before anything moves.
+
+This runs on every `start`, so it is vectorised numpy (tens of microseconds per batch).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from hicache_jax.layout import PoolLayout
+from hicache_jax.plan import Direction, PageBatch, TransferPlan
+
+
+def check_plan(plan: TransferPlan, layout: PoolLayout, device_pages: Mapping[str, int],
+               host_pages: Mapping[str, int]) -> None:
+    """Raise ValueError naming the values unless `plan` fits this engine.
+
+    Checks: the plan type and direction, one batch per allocator of this layout, the pools
+    each batch names, page arrays (1-D integers, equal lengths, unique, in range of the
+    tier sizes) and that `host_runs` tile the batch exactly. Allocators that carry no
+    byte-holding pool are accepted and move nothing.
+    """
+    if not isinstance(plan, TransferPlan):
+        raise ValueError(f"start() takes a TransferPlan, got {type(plan).__name__}")
+    if not isinstance(plan.direction, Direction):
+        raise ValueError(f"plan direction must be a Direction, got {plan.direction!r}")
+    seen = set()
+    for batch in plan.batches:
+        if batch.allocator in seen:
+            raise ValueError(f"plan has two batches for allocator {batch.allocator!r}")
+        seen.add(batch.allocator)
+        _check_batch(batch, layout, device_pages, host_pages)
+
+
+def _check_batch(batch: PageBatch, layout: PoolLayout, device_pages: Mapping[str, int],
+                 host_pages: Mapping[str, int]) -> None:
+    a = batch.allocator
+    if not layout.has_pool(a) or not layout.pool(a).has_allocator:
+        raise ValueError(f"plan batch names {a!r}, not an allocator of this layout")
+    expected = tuple(p.name for p in layout.moving_with(a))
+    if tuple(batch.pools) != expected:
+        raise ValueError(f"plan batch {a!r} moves pools {list(batch.pools)}, the layout moves {list(expected)}")
+    dev = _pages(batch.device_pages, f"{a} device pages")
+    host = _pages(batch.host_pages, f"{a} host pages")
+    if dev.shape != host.shape:
+        raise ValueError(f"plan batch {a!r}: {dev.size} device pages but {host.size} host pages")
+    if not expected or dev.size == 0:
+        if batch.host_runs and dev.size == 0:
+            raise ValueError(f"plan batch {a!r} has host runs but no pages")
+        return
+    _unique_in_range(dev, device_pages[a], f"{a} device pages")
+    _unique_in_range(host, host_pages[a], f"{a} host pages")
+    _check_runs(batch, host)
+
+
+def _check_runs(batch: PageBatch, host: np.ndarray) -> None:
+    """`host_runs` tile 0..n-1 in order and each names consecutive host pages."""
+    runs = np.array([(r.offset, r.host_start, r.length) for r in batch.host_runs], np.int64).reshape(-1, 3)
+    offsets, starts, lengths = runs[:, 0], runs[:, 1], runs[:, 2]
+    tiled = (lengths > 0).all() and offsets[0] == 0 and (offsets[1:] == offsets[:-1] + lengths[:-1]).all() \
+        and offsets[-1] + lengths[-1] == host.size if len(runs) else False
+    if not tiled:
+        raise ValueError(f"plan batch {batch.allocator!r}: host runs {list(batch.host_runs)} do not tile its "
+                         f"{host.size} entries in order")
+    # expected host page of every entry: its run's start plus its position in the run
+    expected = np.repeat(starts - offsets, lengths) + np.arange(host.size)
+    bad = np.flatnonzero(expected != host)
+    if bad.size:
+        raise ValueError(f"plan batch {batch.allocator!r}: host runs say entry {int(bad[0])} is host page "
+                         f"{int(expected[bad[0]])}, host_pages say {int(host[bad[0]])}")
+
+
+def _pages(values, what: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+        raise ValueError(f"{what} must be a 1-D integer array, got {arr.dtype}{list(arr.shape)}")
+    return arr.astype(np.int64, copy=False)
+
+
+def _unique_in_range(arr: np.ndarray, capacity: int, what: str) -> None:
+    if arr.min() < 0 or arr.max() >= capacity:
+        bad = arr[(arr < 0) | (arr >= capacity)]
+        raise ValueError(f"{what} {bad[:8].tolist()} outside 0..{capacity - 1}")
+    if arr.size > 1:
+        s = np.sort(arr)
+        dup = s[1:][s[1:] == s[:-1]]
+        if dup.size:
+            raise ValueError(f"{what} repeat: {np.unique(dup)[:8].tolist()}")

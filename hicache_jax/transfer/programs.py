@@ -1,0 +1,197 @@
+"""The jitted programs that move one allocator's pages, compiled once per static shape.
+
+A chunk whose host side is ONE run of exactly S pages (S a power of two) moves in one
+program, split into `parts` sub-batches so that XLA can overlap one part's DMA with the
+next part's pack (backup) or unpack (load):
+
+    backup_run(S, parts)  host (donated), pools (read), idx i32[S], dst i32[1] -> host, token
+    load_run(S, parts)    pools (donated), host, idx i32[S], src i32[1]         -> pools, token
+
+Any other chunk (several runs, or a length that is not a power of two) goes through the
+engine's persistent staging buffer `[chunk_pages, row_elems]`, one program per step:
+
+    backup:  pack(S)        pools (read), idx i32[S], staging (donated) -> staging
+             d2h(k, T) x G  host (donated), staging, src i32[T], dst i32[T] -> host, token
+    load:    h2d(k, T) x G  staging (donated), host, src i32[T], dst i32[T] -> staging
+             unpack(S)      pools (donated), staging, idx i32[S] -> pools, token
+
+Host values are only sliced, moved and updated in place: every program's jaxpr is checked
+at compile time. Replicated allocators on a mesh pack on the first device (whose shard is
+the whole pool) and, on load, broadcast the chunk's rows to every rank before each rank
+unpacks its own copy (so they always take the staging path on load).
+"""
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec as P
+
+import pallas_kernels as pk
+from hicache_jax.pools import HOST_MEMORY, TP_AXIS, Devices, HostRowFormat
+from hicache_jax.transfer.host_check import host_compute_violations
+
+_HOST, _DEVICE = jax.memory.Space.Host, jax.memory.Space.Device
+
+
+class AllocatorPrograms:
+    """Compiled programs of one allocator; `compiled(name, *shape_key)` caches by shape."""
+
+    def __init__(self, fmt: HostRowFormat, pool_shapes: list[tuple[int, ...]], devices: Devices,
+                 host_buffer: Callable[[], jax.Array], chunk_pages: int, impl: str, block_bytes: int):
+        self.fmt, self.devices = fmt, devices
+        self.pool_shapes = pool_shapes
+        # Programs are traced with the live host buffer as the example argument: an abstract
+        # stand-in does not carry its memory space on every JAX version.
+        self._host_buffer = host_buffer
+        self.chunk_pages = chunk_pages
+        self.on_mesh = devices.mesh is not None
+        self.sharded = fmt.sharded
+        self.dtype = jnp.dtype(fmt.dtype)
+        self.staging_sharding = devices.row_sharding(self.sharded)
+        self.host_sharding = devices.row_sharding(self.sharded, HOST_MEMORY)
+        # Programs touching host rows run where the rows live: the mesh for sharded rows,
+        # else one device; pools are read there too (the first device's shard when replicated).
+        self.home = devices.replicated() if self.sharded else devices.row_sharding(False)
+        self.pool_shardings = [devices.pool_sharding(s) for s in fmt.pools]
+        self.pool_specs = [devices.pool_spec(s) for s in fmt.pools]
+        self.read_shardings = self.pool_shardings if self.sharded else [self.home] * len(fmt.pools)
+        # Loads of replicated pools on a mesh unpack on every rank from broadcast rows.
+        self.broadcast_load = self.on_mesh and not self.sharded
+        self._gather = functools.partial(pk.gather_pages, impl=impl, block_bytes=block_bytes)
+        self._scatter = functools.partial(pk.scatter_pages, impl=impl, block_bytes=block_bytes)
+        self._cache: dict[tuple, jax.stages.Compiled] = {}
+        self.jaxprs: dict[str, object] = {}
+
+    def compiled(self, name: str, *key: int) -> jax.stages.Compiled:
+        """The compiled program `name` for static shape `key`, compiling it on first use.
+
+        Raises RuntimeError (a bug) if the program would compute on a host-memory value.
+        """
+        full = (name, *key)
+        program = self._cache.get(full)
+        if program is None:
+            fn, args, donate, outs = getattr(self, f"_{name}")(*key)
+            ins = tuple(jax.tree.map(lambda a: a.sharding, args))
+            traced = jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=donate).trace(*args)
+            label = f"{self.fmt.allocator}:{name}{list(key)}"
+            bad = host_compute_violations(traced.jaxpr)
+            if bad:
+                raise RuntimeError(f"bug: transfer program {label} computes on host memory: {bad}")
+            self.jaxprs[label] = traced.jaxpr
+            program = self._cache[full] = traced.lower().compile()
+        return program
+
+    # -- pack / unpack, placed ---------------------------------------------------------------
+    def _gather_rows(self, pools, idx, into=None):
+        if not self.sharded:
+            return self._gather(pools, idx, into=into)
+        extra = () if into is None else (into,)
+        specs = (*self.pool_specs, P()) + ((P(None, TP_AXIS),) if into is not None else ())
+        body = lambda *a: self._gather(a[:len(pools)], a[len(pools)], into=a[-1] if into is not None else None)
+        return jax.shard_map(body, mesh=self.devices.mesh, in_specs=specs, out_specs=P(None, TP_AXIS),
+                             check_vma=False)(*pools, idx, *extra)
+
+    def _scatter_rows(self, pools, rows, idx):
+        if not self.on_mesh:
+            return tuple(self._scatter(pools, rows, idx))
+        rows_spec = P(None, TP_AXIS) if self.sharded else P()
+        body = lambda *a: tuple(self._scatter(a[:-2], a[-2], a[-1]))
+        return tuple(jax.shard_map(body, mesh=self.devices.mesh, in_specs=(*self.pool_specs, rows_spec, P()),
+                                   out_specs=tuple(self.pool_specs), check_vma=False)(*pools, rows, idx))
+
+    # -- program builders: (fn, example args, donate_argnums, out_shardings) ------------------
+    def _spec(self, shape, sharding, dtype=None):
+        return jax.ShapeDtypeStruct(shape, dtype or self.dtype, sharding=sharding)
+
+    def _staging_spec(self, rows=None, sharding=None):
+        return self._spec((rows or self.chunk_pages, self.fmt.row_elems), sharding or self.staging_sharding)
+
+    def _index(self, n, sharding=None):
+        return self._spec((n,), sharding or self.home, jnp.int32)
+
+    def _pools(self, shardings):
+        return tuple(self._spec(s, sh) for s, sh in zip(self.pool_shapes, shardings))
+
+    def _backup_run(self, pages: int, parts: int):
+        part = pages // parts
+
+        def backup_run(host, pools, idx, dst):
+            for p in range(parts):  # separate buffers per part: part p's DMA may overlap part p+1's pack
+                rows = self._gather_rows(pools, idx[p * part:(p + 1) * part])
+                host = jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(rows, _HOST), dst[0] + p * part, 0)
+            return host, dst[0] + 0
+
+        args = (self._host_buffer(), self._pools(self.read_shardings), self._index(pages), self._index(1))
+        return backup_run, args, (0,), (self.host_sharding, self.home)
+
+    def _load_run(self, pages: int, parts: int):
+        if self.broadcast_load:
+            raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
+        part = pages // parts
+
+        def load_run(pools, host, idx, src):
+            for p in range(parts):
+                rows = jax.device_put(jax.lax.dynamic_slice_in_dim(host, src[0] + p * part, part, 0), _DEVICE)
+                pools = self._scatter_rows(pools, rows, idx[p * part:(p + 1) * part])
+            return pools, idx[0] + 0
+
+        args = (self._pools(self.pool_shardings), self._host_buffer(), self._index(pages), self._index(1))
+        return load_run, args, (0,), (tuple(self.pool_shardings), self.home)
+
+    def _pack(self, pages: int):
+        def pack(pools, idx, staging):
+            return self._gather_rows(pools, idx, into=staging)
+        args = (self._pools(self.read_shardings), self._index(pages), self._staging_spec())
+        return pack, args, (2,), self.staging_sharding
+
+    def _unpack(self, pages: int):
+        rows = self._staging_spec(pages, self.devices.replicated()) if self.broadcast_load else self._staging_spec()
+        index = self.devices.replicated()
+
+        def unpack(pools, rows, idx):
+            return self._scatter_rows(pools, rows, idx), idx[0] + 0
+
+        args = (self._pools(self.pool_shardings), rows, self._index(pages, index))
+        return unpack, args, (0,), (tuple(self.pool_shardings), index)
+
+    def _take(self, pages: int):
+        """The first `pages` staging rows as their own array (to broadcast them)."""
+        return (lambda staging: staging[:pages]), (self._staging_spec(),), (), self.staging_sharding
+
+    def _d2h(self, log2_rows: int, count: int):
+        size = 1 << log2_rows
+
+        def d2h(host, staging, src, dst):
+            def one(t, host):
+                rows = jax.lax.dynamic_slice_in_dim(staging, src[t], size, 0)
+                return jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(rows, _HOST), dst[t], 0)
+            host = one(0, host) if count == 1 else jax.lax.fori_loop(0, count, one, host)
+            return host, dst[0] + 0
+
+        args = (self._host_buffer(), self._staging_spec(), self._index(count), self._index(count))
+        return d2h, args, (0,), (self.host_sharding, self.home)
+
+    def _h2d(self, log2_rows: int, count: int):
+        size = 1 << log2_rows
+
+        def h2d(staging, host, src, dst):
+            def one(t, staging):
+                rows = jax.device_put(jax.lax.dynamic_slice_in_dim(host, src[t], size, 0), _DEVICE)
+                return jax.lax.dynamic_update_slice_in_dim(staging, rows, dst[t], 0)
+            return one(0, staging) if count == 1 else jax.lax.fori_loop(0, count, one, staging)
+
+        args = (self._staging_spec(), self._host_buffer(), self._index(count), self._index(count))
+        return h2d, args, (0,), self.staging_sharding
+
+    def _read_row(self):
+        def read_row(host, page):
+            return jax.device_put(jax.lax.dynamic_slice_in_dim(host, page[0], 1, 0), _DEVICE)
+        return read_row, (self._host_buffer(), self._index(1)), (), self.staging_sharding
+
+    def _write_row(self):
+        def write_row(host, row, page):
+            return jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(row, _HOST), page[0], 0)
+        return write_row, (self._host_buffer(), self._staging_spec(1), self._index(1)), (0,), self.host_sharding

@@ -1,0 +1,87 @@
+"""How the pages of several sources pack into one contiguous staging row.
+
+A *source* is an array `[num_layers, num_pages, *page_shape]` (a pool, or one layer of a
+pool). Packing page `p` of every source gives one row: the sources in order, each
+source's layers in order, each layer's page flattened:
+
+    row:  | src0 layer0 page p | src0 layer1 page p | ... | src1 layer0 page p | ... |
+          ^ segment 0 (row_offset 0)                       ^ segment 1 (row_offset L0*E0)
+
+The kernels copy a row in fixed-size *blocks* of `block_elems` elements, one block per
+program. Triton needs power-of-two block shapes, so a page of E elements is covered by
+ceil(E / B) blocks of B = min(max_block, largest power of two <= E) elements, the last one
+shifted back to end exactly at the page end:
+
+    page of E = 10 elems, B = 4:   [0 1 2 3][4 5 6 7]
+                                           [6 7 8 9]   <- last block starts at E - B
+
+Overlapping blocks copy the same bytes twice, which is harmless for a copy and means no
+block ever reads or writes outside its page (no masks needed).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+
+DEFAULT_BLOCK_BYTES = 4096  # best pack+unpack time of 4, 8, 16, 32 KiB on the H200 (BENCHMARKS.md)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One source's part of a row: `num_layers` pages of `page_elems` elements each."""
+
+    num_layers: int
+    page_elems: int
+    row_offset: int        # elements before this segment in the row
+    block_elems: int       # power of two, <= page_elems
+    blocks_per_page: int   # ceil(page_elems / block_elems)
+    first_block: int       # index of this segment's first block in the row
+
+    @property
+    def num_blocks(self) -> int:
+        return self.num_layers * self.blocks_per_page
+
+    def locate(self, block, where):
+        """(layer, element offset in the page) of this segment's `block`-th block.
+
+        `where` is `jnp.where` in kernels (traced block ids) or any select function.
+        """
+        layer = block // self.blocks_per_page
+        b = block % self.blocks_per_page
+        last_start = self.page_elems - self.block_elems
+        return layer, where(b == self.blocks_per_page - 1, last_start, b * self.block_elems)
+
+
+@dataclasses.dataclass(frozen=True)
+class RowLayout:
+    """Segments of a packed row, in source order."""
+
+    segments: tuple[Segment, ...]
+    row_elems: int
+    num_blocks: int
+
+
+def source_dims(shape: Sequence[int]) -> tuple[int, int, int]:
+    """(num_layers, num_pages, page_elems) of a source array shape `[L, P, *page_shape]`."""
+    if len(shape) < 3:
+        raise ValueError(f"a source must be [num_layers, num_pages, *page_shape], got shape {tuple(shape)}")
+    return int(shape[0]), int(shape[1]), math.prod(shape[2:])
+
+
+def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> RowLayout:
+    """Layout of a row over sources of `(num_layers, page_elems)`, elements of `itemsize` bytes."""
+    if block_bytes < itemsize or block_bytes & (block_bytes - 1):
+        raise ValueError(f"block_bytes must be a power of two >= the item size {itemsize}, got {block_bytes}")
+    max_block = block_bytes // itemsize
+    segments, offset, first = [], 0, 0
+    for num_layers, page_elems in dims:
+        if num_layers <= 0 or page_elems <= 0:
+            raise ValueError(f"a source needs layers and page elements, got {num_layers} x {page_elems}")
+        block = min(max_block, 1 << (page_elems.bit_length() - 1))
+        per_page = -(-page_elems // block)
+        seg = Segment(num_layers, page_elems, offset, block, per_page, first)
+        segments.append(seg)
+        offset += num_layers * page_elems
+        first += seg.num_blocks
+    return RowLayout(tuple(segments), offset, first)

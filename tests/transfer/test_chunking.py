@@ -1,0 +1,53 @@
+"""Chunks and host-copy pieces: every plan entry lands exactly once, nothing outside a run."""
+import numpy as np
+import pytest
+
+from hicache_jax.plan import coalesce
+from hicache_jax.transfer.chunks import next_pow2, split
+from pallas_kernels import PAD
+
+
+def runs_of(host):
+    return [(r.offset, r.host_start, r.length) for r in coalesce(np.asarray(host))]
+
+
+def written(chunks, chunk_pages):
+    """(staging row in the batch, host page) pairs the pieces copy, with repeats removed."""
+    pairs = set()
+    for c, chunk in enumerate(chunks):
+        for g in chunk.groups:
+            for row, host in zip(g.staging_rows, g.host_rows):
+                for k in range(1 << g.log2_rows):
+                    pairs.add((c * chunk_pages + int(row) + k, int(host) + k))
+    return pairs
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_pieces_tile_every_run_exactly(seed):
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 70))
+    host = np.sort(rng.choice(200, n, replace=False))
+    dev = rng.permutation(100)[:n].astype(np.int32)
+    chunk_pages = int(2 ** rng.integers(0, 6))
+    chunks = split(dev, runs_of(host), chunk_pages)
+    assert sum(c.num_pages for c in chunks) == n
+    assert written(chunks, chunk_pages) == {(i, int(h)) for i, h in enumerate(host)}
+    for c, chunk in enumerate(chunks):
+        assert chunk.padded_pages == next_pow2(chunk.num_pages) <= chunk_pages
+        assert np.array_equal(chunk.device_pages[:chunk.num_pages], dev[c * chunk_pages:c * chunk_pages + chunk.num_pages])
+        assert (chunk.device_pages[chunk.num_pages:] == PAD).all()
+        for g in chunk.groups:
+            count = len(g.staging_rows)
+            assert count == next_pow2(g.num_real) and (g.staging_rows[g.num_real:] == g.staging_rows[g.num_real - 1]).all()
+
+
+def test_a_whole_power_of_two_run_is_one_piece():
+    chunks = split(np.arange(8, dtype=np.int32), [(0, 40, 8)], 8)
+    assert len(chunks) == 1 and chunks[0].whole_run_host_start == 40
+    chunks = split(np.arange(20, dtype=np.int32), [(0, 100, 20)], 8)   # 8 + 8 + 4 pages
+    assert [c.whole_run_host_start for c in chunks] == [100, 108, 116]
+    chunks = split(np.arange(6, dtype=np.int32), [(0, 3, 6)], 8)       # 6 = 4 + 2: two pieces
+    assert chunks[0].whole_run_host_start is None
+    assert [(g.log2_rows, g.host_rows.tolist()) for g in chunks[0].groups] == [(2, [3]), (1, [7])]
+    chunks = split(np.arange(2, dtype=np.int32), [(0, 3, 1), (1, 9, 1)], 8)  # two runs of one
+    assert chunks[0].whole_run_host_start is None and chunks[0].groups[0].host_rows.tolist() == [3, 9]

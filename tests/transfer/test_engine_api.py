@@ -1,0 +1,198 @@
+"""The engine's contract: construction checks, pool checks, handles, errors before moving."""
+import dataclasses
+import os
+import subprocess
+import sys
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hicache_jax as hc
+from hicache_jax.plan import make_plan
+from hicache_jax.transfer import TransferEngine, hlo_host_ops, host_compute_violations
+
+from conftest import CONFIGS, ROOT
+
+
+def layout_of(name):
+    return hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
+
+
+@pytest.fixture(scope="module")
+def v4():
+    layout = layout_of("tiny_v4")
+    return layout, TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8})
+
+
+def test_pools_have_the_documented_shapes_dtypes_and_shardings(v4):
+    layout, engine = v4
+    pools = engine.init_device_pools()
+    assert sorted(pools) == sorted(p.name for p in layout.byte_pools)
+    for spec in layout.byte_pools:
+        pages = 8 if spec.allocator == "kv" else 4
+        assert pools[spec.name].shape == (spec.num_layers, pages, *spec.page_shape)
+        assert pools[spec.name].dtype == jnp.dtype(spec.dtype)
+    engine.check_device_pools(pools)
+    # host rows: one page of every pool moving with the allocator, all layers
+    assert engine.host.buffers["kv"].shape == (16, layout.page_bytes_of("kv"))
+    assert engine.host.buffers["kv"].sharding.memory_kind == "pinned_host"
+
+
+def test_tp_pools_are_sharded_and_host_rows_split_per_rank():
+    layout = layout_of("tiny_gqa")
+    mesh = jax.make_mesh((4,), ("tp",), devices=jax.devices()[:4])
+    engine = TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=mesh)
+    pool = engine.init_device_pools()["gqa_kv"]
+    assert pool.sharding.spec[3] == "tp" and pool.addressable_shards[0].data.shape[3] == 2  # 8 heads / 4
+    host = engine.host.buffers["kv"]
+    assert host.sharding.spec == jax.sharding.PartitionSpec(None, "tp") and len(host.addressable_shards) == 4
+    with pytest.raises(ValueError, match="cannot be split over tp=3"):
+        TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=jax.make_mesh((3,), ("tp",), devices=jax.devices()[:3]))
+    with pytest.raises(ValueError, match="axes must be exactly"):
+        TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=jax.make_mesh((2,), ("x",), devices=jax.devices()[:2]))
+
+
+def test_check_device_pools_names_the_pool_and_the_problem(v4):
+    _, engine = v4
+    pools = engine.init_device_pools()
+    c4 = "deepseek_v4_c4"
+    cases = [
+        ({k: v for k, v in pools.items() if k != c4}, "lack"),
+        ({**pools, "extra": pools[c4]}, "unexpected"),
+        ({**pools, c4: pools[c4][:, :4]}, f"pool '{c4}' has shape"),
+        ({**pools, c4: pools[c4].astype(jnp.int8)}, f"pool '{c4}' has dtype"),
+        ({**pools, c4: np.asarray(pools[c4])}, "not a jax.Array"),
+        ({**pools, c4: jax.device_put(pools[c4], jax.devices()[1])}, "sharding"),
+    ]
+    for bad, message in cases:
+        with pytest.raises(ValueError, match=message):
+            engine.check_device_pools(bad)
+    dead = {**pools, c4: pools[c4] + 0}
+    dead[c4].delete()  # as if donated to an earlier call
+    with pytest.raises(ValueError, match="deleted"):
+        engine.check_device_pools(dead)
+
+
+def test_constructor_rejects_impossible_configurations():
+    layout = layout_of("tiny_v4")
+    with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8})  # 89 GB of kv rows
+    with pytest.raises(ValueError, match="kv: 16 pages x 42,432 B"):
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, host_memory_limit_bytes=1 << 20)
+    with pytest.raises(ValueError, match="max_staging_bytes"):
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, max_staging_bytes=1000)
+    with pytest.raises(ValueError, match="no entry for allocator 'swa'"):
+        TransferEngine(layout, {"kv": 8}, {"kv": 16, "swa": 8})
+    with pytest.raises(ValueError, match="positive integer"):
+        TransferEngine(layout, {"kv": 0, "swa": 4}, {"kv": 16, "swa": 8})
+    with pytest.raises(ValueError, match="not allocators"):
+        TransferEngine(layout, {"kv": 8, "swa": 4, "deepseek_v4_c4": 3}, {"kv": 16, "swa": 8})
+    with pytest.raises(ValueError, match="kernels"):
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, kernels="cuda")
+
+
+def test_a_plan_that_does_not_fit_moves_nothing(v4):
+    layout, engine = v4
+    pools = engine.init_device_pools()
+    ones = {k: jnp.ones_like(v) for k, v in pools.items()}
+    before_host = np.asarray(engine.host.buffers["kv"]).copy()
+    bad = [make_plan(layout, "load", {"kv": ([1, 8], [0, 1])}),           # device page out of range
+           make_plan(layout, "backup", {"kv": ([1], [16])}),              # host page out of range
+           make_plan(layout, "load", {"kv": ([1], [2])}, )]
+    bad[2] = dataclasses.replace(bad[2], batches=(dataclasses.replace(bad[2].batches[0], pools=("swa",)),))
+    for plan in bad:
+        with pytest.raises(ValueError):
+            engine.start(plan, ones)
+        for k in ones:
+            assert not ones[k].is_deleted()  # nothing was donated
+    with pytest.raises(ValueError, match="lack"):
+        engine.start(make_plan(layout, "load", {"kv": ([1], [2])}), {"swa": ones["swa"]})
+    assert np.array_equal(np.asarray(engine.host.buffers["kv"]), before_host)
+
+
+def test_handles_report_completion_bytes_and_time(v4):
+    layout, engine = v4
+    pools = engine.init_device_pools()
+    empty = make_plan(layout, "backup", {})
+    same, handle = engine.start(empty, pools)
+    assert same is pools and handle.done() and handle.nbytes == 0 and handle.seconds is not None
+    plan = make_plan(layout, "backup", {"kv": ([3, 1], [4, 5])})
+    same, handle = engine.start(plan, pools)
+    assert same is pools and handle.plan is plan and handle.nbytes == 2 * layout.page_bytes_of("kv")
+    handle.wait()
+    assert handle.done() and handle.seconds > 0
+    load = make_plan(layout, "load", {"kv": ([6, 7], [4, 5])})
+    new, handle = engine.start(load, pools)
+    handle.wait()
+    assert new is not pools and pools["deepseek_v4_c4"].is_deleted() and not pools["swa"].is_deleted()
+    assert "done" in repr(handle)
+
+
+def test_failed_transfers_raise_from_the_handle():
+    from hicache_jax.transfer.handle import TransferHandle
+    layout = layout_of("tiny_v4")
+    handle = TransferHandle(make_plan(layout, "backup", {}), 0, 0.0, [], RuntimeError("device lost"))
+    for call in (handle.done, handle.wait):
+        with pytest.raises(RuntimeError, match="device lost"):
+            call()
+
+
+def test_host_pages_read_and_write_whole_pages(v4):
+    layout, engine = v4
+    page = {s.name: np.full((s.num_layers, *s.page_shape), 7, np.uint8) for s in layout.moving_with("swa")}
+    engine.write_host_page("swa", 3, page)
+    got = engine.read_host_page("swa", 3)
+    assert all(np.array_equal(got[k], v) for k, v in page.items())
+    with pytest.raises(ValueError, match="outside"):
+        engine.read_host_page("swa", 8)
+    with pytest.raises(ValueError, match="no host pool"):
+        engine.read_host_page("deepseek_v4_c4", 0)
+    with pytest.raises(ValueError, match="exactly pools"):
+        engine.write_host_page("swa", 0, {"swa": page["swa"]})
+
+
+def test_warmup_compiles_programs_that_never_compute_on_host_memory(v4):
+    _, engine = v4
+    assert engine.warmup(max_pages=2) >= 8
+    for label, jaxpr in engine.program_jaxprs().items():
+        assert host_compute_violations(jaxpr) == [], label
+
+
+def test_host_check_catches_compute_on_a_host_array():
+    host = jax.device_put(np.zeros((4, 8), np.float32),
+                          jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host"))
+    bad = jax.jit(lambda h: h * 2).trace(host).jaxpr
+    mixed = jax.jit(lambda h, x: jax.lax.dynamic_update_slice_in_dim(h, x, 0, 0)).trace
+    good = jax.jit(lambda h, x: jax.lax.dynamic_update_slice_in_dim(h, jax.device_put(x, jax.memory.Space.Host), 1, 0))
+    assert any("mul" in v for v in host_compute_violations(bad))
+    assert host_compute_violations(good.trace(host, jnp.ones((1, 8))).jaxpr) == []
+    with pytest.raises(Exception):
+        mixed(host, jnp.ones((1, 8)))  # jax itself refuses a device update into a host array
+    hlo = "%p = f32[4,8]{1,0:S(5)} parameter(0)\n%m = f32[4,8]{1,0:S(5)} multiply(%p, %p)"
+    assert hlo_host_ops(hlo) == {"parameter", "multiply"}
+
+
+def test_allocators_without_byte_pools_move_nothing():
+    cfg = hc.load_model_config(CONFIGS / "tiny_v4.json")
+    layout = hc.build_layout(dataclasses.replace(cfg, compress_ratios=(0,) * 5))  # SWA only: kv carries nothing
+    assert not layout.moving_with("kv")
+    engine = TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8})
+    pools = engine.init_device_pools()
+    assert sorted(pools) == ["swa"]
+    plan = make_plan(layout, "backup", {"kv": ([1, 2], [3, 4]), "swa": ([0], [1])})
+    _, handle = engine.start(plan, pools)
+    handle.wait()
+
+
+def test_benchmark_smoke_mode_runs(tmp_path):
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(ROOT)}
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_transfer.py"), "--smoke", "--skip", "gqa,kernel_correctness",
+                        "--out", str(tmp_path)], capture_output=True, text=True, timeout=300, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    results = json.loads((tmp_path / "transfer.json").read_text())
+    assert results["errors"] == {}
+    assert all(row["exact"] for rows in results["sweeps"].values() for row in rows)
+    assert results["one_page_all_pools"]["exact"] and (tmp_path / "transfer.png").exists()
