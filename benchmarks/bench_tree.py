@@ -66,7 +66,8 @@ def run(layout_name: str, num_prompts: int, prompt_tokens: int, make_trace, seed
     trace_s = time.perf_counter() - t0
     cap = num_prompts * prompt_tokens // page + 16
     pages = {"kv": cap, **({"swa": num_prompts + 16} if swa else {})}
-    core = TreeCore(layout, device_pages=pages, host_pages={k: 16 for k in pages}, write_policy="write_back")
+    # write-back: inserts measure the tree alone; evictions back up and demote (host big enough)
+    core = TreeCore(layout, device_pages=pages, host_pages=pages, write_policy="write_back")
     insert_s, sizes = [], []
     t0 = time.perf_counter()
     build(core, prompts, page, swa, insert_s, sizes)
@@ -87,8 +88,7 @@ def run(layout_name: str, num_prompts: int, prompt_tokens: int, make_trace, seed
         evict_pages.append(r.device_pages)
         while (b := core.take_backup_batch()) is not None:   # write-back demotions: ack at once
             core.ack_backup(b.ack_id)
-        core.evict_host(8)
-    per_page = [s / max(1, n) for s, n in zip(evict_s, evict_pages)]
+    per_page = [s / n for s, n in zip(evict_s, evict_pages) if n]
     return {
         "layout": layout_name, "prompts": num_prompts, "prompt_tokens": prompt_tokens,
         "nodes": sizes[-1], "trace_s": round(trace_s, 2), "build_s": round(build_s, 2),

@@ -31,7 +31,7 @@ class PageAllocator:
         self._run_at_end: dict[int, int] = {}   # end (exclusive) -> start
         self._by_len: dict[int, set[int]] = {}  # length -> starts of free runs of that length
         self._free = 0
-        self._is_free = np.zeros((capacity,), dtype=bool)  # O(1) double-free checks
+        self._is_free = np.ones((capacity,), dtype=bool)  # O(1) double-free checks
         if capacity:
             self._add_run(0, capacity)
 
@@ -80,6 +80,7 @@ class PageAllocator:
                 start = p
             prev = p
         self._insert_merged(start, prev + 1)
+        self._is_free[arr] = True
 
     def free_pages(self) -> np.ndarray:
         """All free pages, ascending (for invariant checks; O(capacity))."""
@@ -97,7 +98,6 @@ class PageAllocator:
         self._run_at_end[start + length] = start
         self._by_len.setdefault(length, set()).add(start)
         self._free += length
-        self._is_free[start:start + length] = True
 
     def _remove_run(self, start: int) -> int:
         length = self._run_len.pop(start)
@@ -107,16 +107,17 @@ class PageAllocator:
         if not starts:
             del self._by_len[length]
         self._free -= length
-        self._is_free[start:start + length] = False
         return length
 
     def _take_from(self, length: int, take: int) -> int:
+        """Take `take` pages from the start of a free run of `length`; only they change state."""
         # Any run of this length; iteration order of an int set depends only on its history,
         # so every TP rank that replays the same calls gets the same pages.
         start = next(iter(self._by_len[length]))
         self._remove_run(start)
         if take < length:
             self._add_run(start + take, length - take)
+        self._is_free[start:start + take] = False
         return start
 
     def _insert_merged(self, start: int, end: int) -> None:

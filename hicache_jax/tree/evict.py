@@ -58,16 +58,15 @@ class Eviction:
             parent = node.parent
             k, s = len(node.device), self._swa_count(node.swa_device)
             if node.state is Residency.DEVICE and not (
-                    self.policy is WritePolicy.WRITE_BACK and self._commit_backup(node)):
+                    self.policy is WritePolicy.WRITE_BACK and self._commit_backup(node, lock=False)):
                 reason = DropReason.HOST_PRESSURE if self.policy is WritePolicy.WRITE_BACK \
                     else DropReason.WRITE_THROUGH_UNBACKED_EVICTION
                 dropped += len(node.tokens)
                 self._count_drop(node, reason, s)
                 self._remove_subtree(node)
             else:
-                if node.state is Residency.BACKING_UP:   # write-back: committed just now, demoted now;
-                    self.needs_flush = True              # nothing left on device to guard: unlock
-                    self._release_write_lock(node)
+                if node.state is Residency.BACKING_UP:   # write-back: committed just now, demoted now:
+                    self.needs_flush = True              # dispatch before the pages are reused
                 self._free_device_pages(node)
                 node.apply(Event.EVICT_DEVICE)
                 self._offer_leaf(node)

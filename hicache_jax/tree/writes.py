@@ -52,7 +52,12 @@ class WritePath:
                 return False
         return True
 
-    def _commit_backup(self, node: Node) -> bool:
+    def _commit_backup(self, node: Node, lock: bool = True) -> bool:
+        """Allocate host pages for `node` on every pool and queue its copy; False if no room.
+
+        `lock`: pin the node on device until the ack (its pages must survive until the
+        queued gather is dispatched); a write-back demotion frees them at once instead.
+        """
         k = len(node.device)
         swa_dev = node.swa_device if node.swa_device is not None else np.zeros(0, np.int32)
         has_swa = swa_dev != ABSENT
@@ -73,7 +78,8 @@ class WritePath:
         node.write_id = self._open_ack
         write = self._writes.setdefault(self._open_ack, _Write(set(), []))
         write.nodes.add(node)
-        write.locks.append(self.lock(node.id))
+        if lock:
+            write.locks.append(self.lock(node.id))
         self._queue.append((node.device.copy(), node.host.copy(), swa_dev[has_swa].copy(), swa_host))
         return True
 
@@ -146,13 +152,6 @@ class WritePath:
         for node in write.nodes:
             if node.state is not Residency.GONE:
                 self._offer_leaf(node)
-
-    def _release_write_lock(self, node: Node) -> None:
-        """Drop the device lock `node`'s pending write holds (its device pages are gone)."""
-        write = self._writes[node.write_id]
-        lock = next(l for l in write.locks if self._locks.get(l.value) is node)
-        write.locks.remove(lock)
-        self.unlock(lock)
 
     def _detach_write(self, node: Node) -> None:
         """`node` leaves its pending write: its host pages are freed when the write ends."""
