@@ -1,0 +1,325 @@
+"""`HiCache`: the object a JAX serving loop embeds; where tree, allocators and engine meet.
+
+Timing rules (SYSTEM.md §3-§4): backups found during a step are queued and merged into
+one transfer dispatched at `step()`, except write-back demotions, whose device pages are
+already free and are dispatched at once, before anything can write those pages again;
+load-backs are dispatched at `load_back`. Completions are applied only in `step()` /
+`wait()`, the one place where in-flight state ends. Device work is ordered: a model step
+that reads `device_pools` after `load_back` sees the loaded pages, and a backup's reads
+happen before any later step writes, so no call here blocks on a transfer except `wait`.
+
+Serving-loop contract (see README): match -> lock -> (load_back -> wait) -> alloc -> model
+steps with `device_pools` / `set_device_pools` -> insert + free -> unlock; `step()` once
+per iteration.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+
+import jax
+import numpy as np
+from prometheus_client import CollectorRegistry, generate_latest
+
+from hicache_jax.config import HiCacheConfig
+from hicache_jax.layout import PoolLayout
+from hicache_jax.metrics import CacheStats, StatsCollector, Tally, snapshot
+from hicache_jax.plan import Direction, TransferPlan
+from hicache_jax.transfer import TransferEngine
+from hicache_jax.tree import (EvictResult, InsertResult, LoadJob, LockId, MatchResult, NodeId, Refusal, TreeCore,
+                              as_tokens)
+
+log = logging.getLogger("hicache_jax")
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadBack:
+    """The outcome of `load_back`. When it started, `total_len` tokens are usable once
+    `wait(...)` says it landed; when refused, the match's device prefix is what there is.
+    `device_pages`: anchor device pages of the usable prefix; `swa_pages`: SWA device
+    pages of its trailing window; `node`: the node to lock for it."""
+
+    load_id: int | None
+    refused: Refusal | None
+    total_len: int
+    loaded_tokens: int
+    device_pages: np.ndarray
+    swa_pages: np.ndarray
+    node: NodeId
+
+    @property
+    def started(self) -> bool:
+        return self.refused is None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    dispatched_backup_tokens: int
+    completed: tuple[str, ...]   # "backup:<ack>" / "load:<id>" completed this step
+    failed: tuple[str, ...]      # the same for transfers that failed or timed out
+
+
+@dataclasses.dataclass
+class _InFlight:
+    kind: Direction
+    ident: int                   # ack id or load id
+    plan: TransferPlan
+    handle: object
+    started: float
+
+
+class HiCache:
+    """A hierarchical KV cache for one model layout (see module docstring)."""
+
+    def __init__(self, layout: PoolLayout, config: HiCacheConfig, mesh: jax.sharding.Mesh | None = None, *,
+                 engine: TransferEngine | None = None, clock: Callable[[], float] = time.monotonic):
+        if not isinstance(layout, PoolLayout):
+            raise ValueError(f"HiCache takes a PoolLayout, got {type(layout).__name__}")
+        if not isinstance(config, HiCacheConfig):
+            raise ValueError(f"HiCache takes a HiCacheConfig, got {type(config).__name__}")
+        self.layout, self.config = layout, config
+        device, host = config.page_counts(layout)
+        self.core = TreeCore(layout, device_pages=device, host_pages=host, write_policy=config.write_policy,
+                             write_threshold=config.write_through_threshold,
+                             load_back_threshold=config.load_back_threshold)
+        self.engine = engine if engine is not None else TransferEngine(
+            layout, device, host, mesh, max_staging_bytes=config.max_staging_bytes,
+            host_memory_limit_bytes=config.host_memory_limit_bytes)
+        self._pools = self.engine.init_device_pools()
+        self._inflight: list[_InFlight] = []
+        self._clock = clock
+        self.tally = Tally()
+        self._requested_tokens = 0
+        self._failed_loads: set[int] = set()   # failed loads not yet reported by `wait`
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(StatsCollector(self.stats, lambda: self.tally.durations))
+
+    def warmup(self, max_pages: int | None = None) -> None:
+        """Compile the transfer programs ahead of the first transfer (see `TransferEngine.warmup`)."""
+        self.engine.warmup(max_pages)
+
+    # -- device pools ----------------------------------------------------------------------
+    @property
+    def device_pools(self) -> dict[str, jax.Array]:
+        """`{pool: jax.Array}` the model reads and writes (donate them, then `set_device_pools`)."""
+        return dict(self._pools)
+
+    def set_device_pools(self, pools: Mapping[str, jax.Array]) -> None:
+        """Adopt the pools a jitted step returned; wrong pools raise ValueError, nothing changes."""
+        self.engine.check_device_pools(pools)
+        self._pools = dict(pools)
+
+    # -- read path -------------------------------------------------------------------------
+    def match_prefix(self, tokens) -> MatchResult:
+        m = self.core.match_prefix(tokens)
+        self._requested_tokens += len(as_tokens(tokens))
+        self.tally.device_hit_tokens += m.device_len
+        return self._checked(m)
+
+    def load_back(self, match: MatchResult) -> LoadBack:
+        """Bring the host part of `match` to the device, all or nothing.
+
+        Refused (the caller recomputes) below the threshold, when the cost model says
+        recomputing is faster, when another load owns a node, or without device space.
+        """
+        if not isinstance(match, MatchResult):
+            raise ValueError(f"load_back takes a MatchResult, got {type(match).__name__}")
+        if self._not_worth_it(match):
+            self.tally.refusals[Refusal.NOT_WORTH_IT.value] += 1
+            return self._checked(self._refused(match, Refusal.NOT_WORTH_IT))
+        job = self.core.start_load(match)
+        self._flush_demotions()
+        if not isinstance(job, LoadJob):
+            self.tally.refusals[job.value] += 1
+            return self._checked(self._refused(match, job))
+        try:
+            self._pools, handle = self.engine.start(job.plan, self._pools)
+        except Exception:
+            log.exception("load-back %d failed to start; the request recomputes", job.load_id)
+            self.core.fail_load(job.load_id)
+            self.tally.failures[("load", "start")] += 1
+            return self._checked(self._refused(match, Refusal.FAILED))
+        self._inflight.append(_InFlight(Direction.LOAD, job.load_id, job.plan, handle, self._clock()))
+        self.tally.host_hit_tokens += job.total_len - match.device_len
+        return self._checked(LoadBack(job.load_id, None, job.total_len, job.loaded_tokens,
+                                      job.device_pages, job.swa_pages, job.node))
+
+    def _refused(self, match: MatchResult, why: Refusal) -> LoadBack:
+        return LoadBack(None, why, match.device_len, 0, match.device_pages, match.swa_pages, match.device_node)
+
+    def _not_worth_it(self, match: MatchResult) -> bool:
+        cfg = self.config
+        if cfg.recompute_seconds_per_token is None or match.host_len == 0:
+            return False
+        moved = match.host_len * self.layout.bytes_per_token() \
+            + self.layout.window_pages() * self.layout.page_size * self.layout.window_bytes_per_token()
+        return moved / cfg.link_bytes_per_second > match.host_len * cfg.recompute_seconds_per_token
+
+    def wait(self, load: LoadBack) -> bool:
+        """Block until `load` lands; True if its pages are valid, False if it failed (recompute)."""
+        if not load.started:
+            return False
+        entry = next((e for e in self._inflight if e.kind is Direction.LOAD and e.ident == load.load_id), None)
+        if entry is not None:
+            self._complete(entry, blocking=True)
+        if load.load_id in self._failed_loads:
+            self._failed_loads.discard(load.load_id)
+            return False
+        return True
+
+    # -- write path and pages -----------------------------------------------------------------
+    def alloc(self, pages: int, swa_pages: int = 0) -> dict[str, np.ndarray] | None:
+        """Held device pages for a request: {allocator: i32[n]} (the SWA pool's entry present
+        whenever the layout has one), or None when even eviction cannot free enough (nothing
+        taken)."""
+        need = {self.core.anchor: pages}
+        if self.core.swa is not None:
+            need[self.core.swa] = swa_pages
+        elif swa_pages:
+            raise ValueError(f"swa_pages={swa_pages} but this layout has no SWA pool")
+        got = self.core.alloc_device(need)
+        self._flush_demotions()
+        return self._checked(got)
+
+    def free(self, allocator: str, pages) -> None:
+        self.core.free_device(allocator, pages)
+        self._checked(None)
+
+    def insert(self, tokens, device_pages, swa_pages: Mapping[int, int] | None = None) -> InsertResult:
+        """Register a request's computed pages (whole pages only); see `TreeCore.insert`."""
+        return self._checked(self.core.insert(tokens, device_pages, swa_pages))
+
+    def retract(self, tokens, device_pages, swa_pages: Mapping[int, int] | None = None) -> int:
+        """A request leaves mid-flight: keep its whole pages, free the rest; return the
+        length to resume from. State inside an unfinished page (the V4.1 ratio-2 pair ring,
+        an unfinished C128 chunk, draft KV) is request-scoped and never backed up: the
+        request recomputes from the returned length, it is never half-restored."""
+        tokens = as_tokens(tokens)
+        pages = np.asarray(device_pages, np.int64).reshape(-1)
+        whole = len(tokens) // self.layout.page_size
+        swa = dict(swa_pages or {})
+        keep = {k: v for k, v in swa.items() if k < whole}
+        res = self.core.insert(tokens[: whole * self.layout.page_size], pages[:whole], keep)
+        if pages.size > whole:
+            self.core.free_device(self.core.anchor, pages[whole:])
+        extra = [v for k, v in swa.items() if k >= whole]
+        if extra:
+            self.core.free_device(self.core.swa, extra)
+        return self._checked(res.cached_len)
+
+    def lock(self, node: NodeId) -> LockId:
+        return self.core.lock(node)
+
+    def unlock(self, lock: LockId) -> None:
+        self.core.unlock(lock)
+        self._checked(None)
+
+    def evict(self, num_pages: int, swa_pages: int = 0) -> EvictResult:
+        res = self.core.evict_device(num_pages, swa_pages)
+        self._flush_demotions()
+        return self._checked(res)
+
+    # -- the step boundary ------------------------------------------------------------------
+    def step(self) -> StepReport:
+        """Dispatch the merged backups of this step and apply every completed transfer."""
+        tokens = self._dispatch_backups()
+        completed, failed = [], []
+        for entry in list(self._inflight):
+            ok = self._complete(entry, blocking=False)
+            if ok is True:
+                completed.append(f"{entry.kind.value}:{entry.ident}")
+            elif ok is False:
+                failed.append(f"{entry.kind.value}:{entry.ident}")
+        return self._checked(StepReport(tokens, tuple(completed), tuple(failed)))
+
+    def drain(self) -> None:
+        """Dispatch what is queued and wait for every transfer in flight."""
+        self._dispatch_backups()
+        for entry in list(self._inflight):
+            self._complete(entry, blocking=True)
+        self._checked(None)
+
+    def _flush_demotions(self) -> None:
+        if self.core.needs_flush:
+            self._dispatch_backups()
+
+    def _dispatch_backups(self) -> int:
+        batch = self.core.take_backup_batch()
+        if batch is None:
+            return 0
+        try:
+            self._pools, handle = self.engine.start(batch.plan, self._pools)
+        except Exception:
+            log.exception("backup %d failed to start; its nodes stay device-only", batch.ack_id)
+            self.core.fail_backup(batch.ack_id)
+            self.tally.failures[("backup", "start")] += 1
+            return 0
+        self._inflight.append(_InFlight(Direction.BACKUP, batch.ack_id, batch.plan, handle, self._clock()))
+        return batch.tokens
+
+    def _complete(self, entry: _InFlight, blocking: bool) -> bool | None:
+        """Apply `entry`'s completion if it has one: True done, False failed, None pending."""
+        cause = None
+        try:
+            if blocking:
+                entry.handle.wait()
+                done = True
+            else:
+                done = entry.handle.done()
+            if not done and self._clock() - entry.started > self.config.transfer_timeout_s:
+                cause = "timeout"
+        except Exception as e:
+            log.error("%s %d failed: %s", entry.kind.value, entry.ident, e)
+            cause = "completion"
+        if cause is None and not done:
+            return None
+        self._inflight.remove(entry)
+        backup = entry.kind is Direction.BACKUP
+        if cause is not None:
+            (self.core.fail_backup if backup else self.core.fail_load)(entry.ident)
+            self.tally.failures[(entry.kind.value, cause)] += 1
+            if not backup:
+                self._failed_loads.add(entry.ident)
+            return False
+        (self.core.ack_backup if backup else self.core.finish_load)(entry.ident)
+        self._account(entry)
+        return True
+
+    def _account(self, entry: _InFlight) -> None:
+        t = self.tally
+        tokens, nbytes = (t.backup_tokens, t.backup_bytes) if entry.kind is Direction.BACKUP else (t.load_tokens, t.load_bytes)
+        for batch in entry.plan.batches:
+            for name in batch.pools:
+                tokens[name] += batch.num_pages * self.layout.page_size
+        for name, b in entry.plan.pool_bytes(self.layout).items():
+            nbytes[name] += b
+        t.transfers[entry.kind.value] += 1
+        seconds = getattr(entry.handle, "seconds", None)
+        t.observe(entry.kind.value, seconds if seconds is not None else self._clock() - entry.started)
+
+    # -- introspection ------------------------------------------------------------------------
+    def stats(self) -> CacheStats:
+        """A frozen snapshot of every number this cache counts (the same as `metrics_text`)."""
+        return snapshot(self.layout, self.core, self.tally, self._requested_tokens,
+                        {d.value: sum(e.kind is d for e in self._inflight) for d in Direction})
+
+    def metrics_text(self) -> str:
+        """The Prometheus text exposition of this cache's metrics."""
+        return generate_latest(self.registry).decode()
+
+    def check_invariants(self) -> None:
+        """Recompute every conservation law of the control plane; validate the device pools."""
+        self.core.check_invariants()
+        self.engine.check_device_pools(self._pools)
+        in_core = {(Direction.BACKUP, a) for a in self.core.pending_acks()} | \
+                  {(Direction.LOAD, i) for i in self.core.loads_in_flight()}
+        here = {(e.kind, e.ident) for e in self._inflight}
+        if in_core != here:
+            raise AssertionError(f"bug: transfers in flight disagree: tree {sorted(in_core)}, engine {sorted(here)}")
+
+    def _checked(self, value):
+        if self.config.check_invariants:
+            self.check_invariants()
+        return value

@@ -1,0 +1,171 @@
+"""What the cache counts, as a frozen snapshot (`CacheStats`) and as Prometheus metrics.
+
+`Tally` is the controller's mutable record; `CacheStats` is an immutable copy of it plus
+the tier gauges; `StatsCollector` renders a snapshot as `hicache_*` metric families, so
+`stats()` and the Prometheus exposition can never disagree. Every pool with bytes gets
+its own label, sidecars and state pools included (their traffic is bytes and tokens on
+the pages of their index source).
+"""
+from __future__ import annotations
+
+import bisect
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+# transfer duration buckets, seconds: 50 us .. 10 s
+DURATION_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+@dataclasses.dataclass
+class Tally:
+    """Mutable counters kept by the controller (one per cache)."""
+
+    device_hit_tokens: int = 0
+    host_hit_tokens: int = 0
+    backup_tokens: Counter = dataclasses.field(default_factory=Counter)   # pool -> tokens
+    backup_bytes: Counter = dataclasses.field(default_factory=Counter)
+    load_tokens: Counter = dataclasses.field(default_factory=Counter)
+    load_bytes: Counter = dataclasses.field(default_factory=Counter)
+    transfers: Counter = dataclasses.field(default_factory=Counter)       # direction -> completed
+    failures: Counter = dataclasses.field(default_factory=Counter)        # (direction, cause) -> count
+    refusals: Counter = dataclasses.field(default_factory=Counter)        # reason -> count
+    durations: dict = dataclasses.field(default_factory=dict)             # direction -> [bucket counts..., sum]
+
+    def observe(self, direction: str, seconds: float) -> None:
+        counts = self.durations.setdefault(direction, [0] * (len(DURATION_BUCKETS) + 1) + [0.0])
+        counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
+        counts[-1] += seconds
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheStats:
+    """A snapshot of everything the cache counts. Tokens per pool are tokens whose rows of
+    that pool moved (SWA-addressed pools: the tokens of the SWA pages moved)."""
+
+    device_hit_tokens: int
+    host_hit_tokens: int
+    miss_tokens: int
+    backup_tokens: Mapping[str, int]
+    backup_bytes: Mapping[str, int]
+    load_tokens: Mapping[str, int]
+    load_bytes: Mapping[str, int]
+    dropped_tokens: Mapping[str, Mapping[str, int]]   # pool -> reason -> tokens
+    evicted_tokens: Mapping[str, int]                 # tier -> anchor tokens evicted from it
+    transfers: Mapping[str, int]                      # direction -> completed transfers
+    failures: Mapping[str, int]                       # "direction/cause" -> count
+    load_refusals: Mapping[str, int]
+    durations: Mapping[str, tuple[int, float]]        # direction -> (count, total seconds)
+    host_used_bytes: Mapping[str, int]
+    host_capacity_bytes: Mapping[str, int]
+    device_used_bytes: Mapping[str, int]
+    device_capacity_bytes: Mapping[str, int]
+    in_flight: Mapping[str, int]                      # direction -> transfers in flight
+
+
+class StatsCollector:
+    """A prometheus_client collector that renders the owning cache's current stats."""
+
+    def __init__(self, snapshot, histograms):
+        self._snapshot = snapshot       # () -> CacheStats
+        self._histograms = histograms   # () -> {direction: [bucket counts..., sum]}
+
+    def collect(self):
+        s: CacheStats = self._snapshot()
+        hit = CounterMetricFamily("hicache_hit_tokens", "Prompt tokens served from the cache, by tier", labels=["tier"])
+        hit.add_metric(["device"], s.device_hit_tokens)
+        hit.add_metric(["host"], s.host_hit_tokens)
+        yield hit
+        yield CounterMetricFamily("hicache_miss_tokens", "Matched prompt tokens the cache could not serve",
+                                  value=s.miss_tokens)
+        for name, doc, values in (
+            ("hicache_backup_tokens", "Tokens backed up device->host, per pool", s.backup_tokens),
+            ("hicache_backup_bytes", "Bytes backed up device->host, per pool", s.backup_bytes),
+            ("hicache_load_back_tokens", "Tokens loaded back host->device, per pool", s.load_tokens),
+            ("hicache_load_back_bytes", "Bytes loaded back host->device, per pool", s.load_bytes),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=["pool"])
+            for pool, v in sorted(values.items()):
+                fam.add_metric([pool], v)
+            yield fam
+        dropped = CounterMetricFamily("hicache_dropped_tokens", "Device tokens destroyed without a host copy",
+                                      labels=["pool", "reason"])
+        for pool, reasons in sorted(s.dropped_tokens.items()):
+            for reason, v in sorted(reasons.items()):
+                dropped.add_metric([pool, reason], v)
+        yield dropped
+        evicted = CounterMetricFamily("hicache_evicted_tokens", "Anchor tokens evicted, by tier", labels=["tier"])
+        for tier, v in sorted(s.evicted_tokens.items()):
+            evicted.add_metric([tier], v)
+        yield evicted
+        for name, doc, values, label in (
+            ("hicache_transfers", "Completed transfers", s.transfers, "direction"),
+            ("hicache_transfer_failures", "Failed transfers (direction/cause)", s.failures, "kind"),
+            ("hicache_load_back_refused", "Load-backs not started, by reason", s.load_refusals, "reason"),
+        ):
+            fam = CounterMetricFamily(name, doc, labels=[label])
+            for k, v in sorted(values.items()):
+                fam.add_metric([k], v)
+            yield fam
+        for name, doc, values in (
+            ("hicache_host_used_bytes", "Host bytes holding cached pages, per pool", s.host_used_bytes),
+            ("hicache_host_capacity_bytes", "Host bytes of the pool", s.host_capacity_bytes),
+            ("hicache_device_used_bytes", "Device bytes in use (cached, held, in flight), per pool", s.device_used_bytes),
+            ("hicache_device_capacity_bytes", "Device bytes of the pool", s.device_capacity_bytes),
+        ):
+            fam = GaugeMetricFamily(name, doc, labels=["pool"])
+            for pool, v in sorted(values.items()):
+                fam.add_metric([pool], v)
+            yield fam
+        inflight = GaugeMetricFamily("hicache_transfers_in_flight", "Transfers dispatched, not yet complete",
+                                     labels=["direction"])
+        for d, v in sorted(s.in_flight.items()):
+            inflight.add_metric([d], v)
+        yield inflight
+        hist = HistogramMetricFamily("hicache_transfer_seconds", "Transfer time, start to observed completion",
+                                     labels=["direction"])
+        for direction, counts in sorted(self._histograms().items()):
+            cumulative, buckets = 0, []
+            for bound, c in zip((*map(str, DURATION_BUCKETS), "+Inf"), counts[:-1]):
+                cumulative += c
+                buckets.append((bound, cumulative))
+            hist.add_metric([direction], buckets, sum_value=counts[-1])
+        yield hist
+
+
+def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mapping[str, int]) -> CacheStats:
+    """Build a `CacheStats` from the controller's tally and the tree core's counters."""
+    page = layout.page_size
+    dropped: dict[str, dict[str, int]] = {}
+    for p in layout.byte_pools:
+        source = core.dropped if p.allocator == core.anchor else core.dropped_swa
+        reasons = {str(r): v for r, v in source.items() if v}
+        if reasons:
+            dropped[p.name] = reasons
+    host_used, host_cap, dev_used, dev_cap = {}, {}, {}, {}
+    for p in layout.byte_pools:
+        per_page = p.num_layers * p.page_bytes
+        h, d = core.host[p.allocator], core.device[p.allocator]
+        host_used[p.name] = (h.capacity - h.num_free) * per_page
+        host_cap[p.name] = h.capacity * per_page
+        dev_used[p.name] = (d.capacity - d.num_free) * per_page
+        dev_cap[p.name] = d.capacity * per_page
+    durations = {d: (sum(c[:-1]), c[-1]) for d, c in tally.durations.items()}
+    return CacheStats(
+        device_hit_tokens=tally.device_hit_tokens,
+        host_hit_tokens=tally.host_hit_tokens,
+        miss_tokens=max(0, requested_tokens - tally.device_hit_tokens - tally.host_hit_tokens),
+        backup_tokens=dict(tally.backup_tokens), backup_bytes=dict(tally.backup_bytes),
+        load_tokens=dict(tally.load_tokens), load_bytes=dict(tally.load_bytes),
+        dropped_tokens=dropped,
+        evicted_tokens={"device": core.events["device_evicted_tokens"], "host": core.events["host_evicted_tokens"]},
+        transfers=dict(tally.transfers),
+        failures={f"{d}/{c}": v for (d, c), v in tally.failures.items()},
+        load_refusals=dict(tally.refusals),
+        durations=durations,
+        host_used_bytes=host_used, host_capacity_bytes=host_cap,
+        device_used_bytes=dev_used, device_capacity_bytes=dev_cap,
+        in_flight=dict(in_flight),
+    )

@@ -1,0 +1,105 @@
+"""A stand-in serving loop for cache tests: every page's bytes are a function of its prefix.
+
+A request for blocks b (each block one page of tokens) "computes" its missing pages by
+writing seeded random bytes, unique to (pool, token prefix), into every pool it
+allocated; whatever the cache hands back for a prefix, from device or host, must equal
+those bytes.
+"""
+import hashlib
+
+import jax
+import ml_dtypes
+import numpy as np
+
+import hicache_jax as hc
+from conftest import CONFIGS
+
+P = 256
+
+
+def layout(name):
+    return hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
+
+
+def seq(blocks) -> np.ndarray:
+    return np.concatenate([np.full(P, 1000 + b, np.int32) + np.arange(P, dtype=np.int32) for b in blocks])
+
+
+def page_bytes(spec, blocks) -> np.ndarray:
+    """[num_layers, *page_shape] of spec.dtype: the content of the page ending `blocks`."""
+    digest = hashlib.sha256(f"{spec.name}:{tuple(blocks)}".encode()).digest()
+    rng = np.random.default_rng(int.from_bytes(digest[:8], "little"))
+    shape = (spec.num_layers, *spec.page_shape)
+    raw = rng.integers(0, 256, size=int(np.prod(shape)) * spec.itemsize, dtype=np.uint8)
+    dtype = ml_dtypes.bfloat16 if spec.dtype == "bfloat16" else np.dtype(spec.dtype)
+    return raw.view(dtype).reshape(shape)
+
+
+class Driver:
+    def __init__(self, cache: hc.HiCache):
+        self.cache, self.layout = cache, cache.layout
+        self.host_hits = self.device_hits = 0
+
+    def write(self, pages: dict[str, list[tuple[int, tuple]]]) -> None:
+        """pages: allocator -> [(device page, blocks of its prefix)]; one write per pool."""
+        pools = self.cache.device_pools
+        for spec in self.layout.byte_pools:
+            todo = pages.get(spec.allocator, [])
+            if not todo:
+                continue
+            arr = np.array(pools[spec.name])
+            for page, blocks in todo:
+                arr[:, page] = page_bytes(spec, blocks)
+            pools[spec.name] = jax.device_put(arr, pools[spec.name].sharding)
+        self.cache.set_device_pools(pools)
+
+    def verify(self, blocks, table, window) -> None:
+        """The device bytes of every usable page equal what was written for that prefix."""
+        pools = {n: np.asarray(a) for n, a in self.cache.device_pools.items()}
+        first = len(table)
+        for spec in self.layout.byte_pools:
+            if spec.allocator == self.layout.anchor.name:
+                logical = list(enumerate(table))
+            else:
+                logical = [(first - len(window) + j, p) for j, p in enumerate(window)]
+            for i, page in logical:
+                want = page_bytes(spec, blocks[: i + 1])
+                got = pools[spec.name][:, int(page)]
+                assert got.tobytes() == want.tobytes(), f"{spec.name}: logical page {i} (device page {page}) is wrong"
+
+    def request(self, blocks, load=True, swa_every=False) -> int:
+        """Serve one prompt of `blocks` pages (+1 token); returns the tokens served from the cache."""
+        c = self.cache
+        tokens = np.concatenate([seq(blocks), np.asarray([7], np.int32)])
+        m = c.match_prefix(tokens)
+        lock = c.lock(m.device_node)
+        usable, table, window = m.device_len, m.device_pages, m.swa_pages
+        self.verify(blocks, table, window)
+        if load and m.host_len:
+            lb = c.load_back(m)
+            if lb.started and c.wait(lb):
+                c.unlock(lock)
+                lock = c.lock(lb.node)
+                usable, table, window = lb.total_len, lb.device_pages, lb.swa_pages
+                self.host_hits += usable - m.device_len
+                self.verify(blocks, table, window)
+        self.device_hits += m.device_len
+        first, n = usable // P, len(blocks)
+        swa = c.core.swa
+        grant = c.alloc(n - first, (n - first) if swa else 0)
+        assert grant is not None, "device pool too small for one request"
+        new = grant["kv"].tolist()
+        writes = {c.core.anchor: [(p, tuple(blocks[: first + i + 1])) for i, p in enumerate(new)]}
+        keep = {}
+        if swa:
+            sp = grant["swa"].tolist()
+            writes[swa] = [(p, tuple(blocks[: first + i + 1])) for i, p in enumerate(sp)]
+            keep = {first + i: p for i, p in enumerate(sp) if swa_every or first + i == n - 1}
+            drop = [p for p in sp if p not in keep.values()]
+            if drop:
+                c.free(swa, drop)
+        self.write(writes)
+        c.insert(seq(blocks), list(table) + new, keep)
+        c.unlock(lock)
+        c.step()
+        return usable

@@ -1,0 +1,91 @@
+"""A transfer engine wrapper that fails on demand, the way a real transfer can."""
+import jax
+import numpy as np
+
+from hicache_jax.plan import Direction
+
+
+class InjectedFailure(RuntimeError):
+    pass
+
+
+class FailingHandle:
+    def __init__(self, plan):
+        self.plan, self.nbytes, self.seconds = plan, 0, None
+
+    def done(self):
+        raise InjectedFailure("injected: transfer failed on the device")
+
+    wait = done
+
+
+class HangingHandle:
+    """A transfer whose completion never arrives."""
+
+    def __init__(self, plan):
+        self.plan, self.nbytes, self.seconds = plan, 0, None
+
+    def done(self):
+        return False
+
+    def wait(self):
+        raise InjectedFailure("injected: waited on a transfer that never completes")
+
+
+class FaultyEngine:
+    """Delegates to a real engine; `fail_start`, `fail_done` and `hang` hold directions
+    ("backup"/"load") whose next transfer raises at start, fails at completion (leaving
+    garbage where it wrote), or never completes."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.fail_start, self.fail_done, self.hang = set(), set(), set()
+        self.started = []
+
+    def __getattr__(self, name):
+        return getattr(self.engine, name)
+
+    def start(self, plan, pools):
+        d = plan.direction.value
+        if d in self.fail_start:
+            self.fail_start.discard(d)
+            raise InjectedFailure(f"injected: {d} failed to start")
+        pools, handle = self.engine.start(plan, pools)
+        self.started.append(d)
+        if d in self.fail_done:
+            self.fail_done.discard(d)
+            handle.wait()
+            pools = self._spoil(plan, pools)
+            return pools, FailingHandle(plan)
+        if d in self.hang:
+            self.hang.discard(d)
+            return pools, HangingHandle(plan)
+        return pools, handle
+
+    def _spoil(self, plan, pools):
+        """Leave garbage where the failed transfer was writing."""
+        layout = self.engine.layout
+        if plan.direction is Direction.BACKUP:
+            for batch in plan.batches:
+                for h in batch.host_pages.tolist():
+                    garbage = {p: np.full((layout.pool(p).num_layers, *layout.pool(p).page_shape), 0xAB, np.uint8)
+                               .view(np.uint8 if layout.pool(p).dtype == "uint8" else np.uint16)
+                               for p in batch.pools}
+                    self.engine.write_host_page(batch.allocator, h, _typed(layout, garbage))
+            return pools
+        out = dict(pools)
+        for batch in plan.batches:
+            for name in batch.pools:
+                arr = np.array(out[name])
+                arr.view(np.uint8)[:, batch.device_pages] = 0xAB
+                out[name] = jax.device_put(arr, out[name].sharding)
+        return out
+
+
+def _typed(layout, pages):
+    import ml_dtypes
+    out = {}
+    for name, arr in pages.items():
+        dtype = layout.pool(name).dtype
+        out[name] = arr.view(ml_dtypes.bfloat16) if dtype == "bfloat16" else arr
+    return out

@@ -1,0 +1,99 @@
+"""Bad input gets a ValueError naming the value, and nothing changes; the V4.1 retract rule."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hicache_jax as hc
+from driver import Driver, P, layout, seq
+
+
+@pytest.fixture(scope="module")
+def cache():
+    c = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=12, check_invariants=True))
+    Driver(c).request([0, 1])
+    c.drain()
+    return c
+
+
+@pytest.mark.parametrize("mutate,match", [
+    (lambda p: p.pop("swa"), r"lack \['swa'\]"),
+    (lambda p: p.update(extra=p["swa"]), r"unexpected \['extra'\]"),
+    (lambda p: p.update(swa=p["swa"][:, :3]), "has shape"),
+    (lambda p: p.update(swa=p["swa"].astype(jnp.int32)), "dtype"),
+    (lambda p: p.update(swa=np.asarray(p["swa"])), "not a jax.Array"),
+    (lambda p: p.update(swa=jax.device_put(p["swa"], jax.devices()[1])), "sharding|placed"),
+])
+def test_set_device_pools_rejects_wrong_pools(cache, mutate, match):
+    before = cache.device_pools
+    bad = dict(before)
+    mutate(bad)
+    with pytest.raises(ValueError, match=match):
+        cache.set_device_pools(bad)
+    assert all(cache.device_pools[k] is v for k, v in before.items())
+    cache.check_invariants()
+
+
+@pytest.mark.parametrize("tokens", [["a", "b"], np.ones((2, 300), np.int32), np.array([1.5, 2.0]), [-3, 4]])
+def test_bad_tokens(cache, tokens):
+    stats = cache.stats()
+    with pytest.raises(ValueError, match="tokens|token ids"):
+        cache.match_prefix(tokens)
+    assert cache.stats() == stats
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(device_pages=4, write_policy="write_sometimes"), "write_policy.*'write_sometimes'"),
+    (dict(device_pages=-1), "'device_pages' must be an integer >= 1, got -1"),
+    (dict(device_pages=4, host_pages=-2), "'host_pages' must be an integer >= 0, got -2"),
+    (dict(device_pages=4, host_ratio=0), "'host_ratio' must be a positive number"),
+    (dict(device_pages=4, host_pages=8, host_ratio=2.0), "one of host_pages, host_ratio"),
+    (dict(device_pages=4, load_back_threshold=1.5), "'load_back_threshold' must be an integer"),
+    (dict(device_pages=4, write_through_threshold=0), "'write_through_threshold' must be an integer >= 1"),
+    (dict(device_pages=4, transfer_timeout_s=-1), "'transfer_timeout_s' must be a positive number"),
+    (dict(device_pages=4.0), "'device_pages' must be an integer"),
+])
+def test_config_validation(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        hc.HiCacheConfig(**kwargs)
+
+
+def test_budgets_must_cover_the_allocators_and_fit_the_host_limit():
+    lay = layout("tiny_v4")
+    with pytest.raises(ValueError, match=r"\['swa'\]"):
+        hc.HiCache(lay, hc.HiCacheConfig(device_pages=4, host_budget_bytes={"kv": 1 << 20}))
+    with pytest.raises(ValueError, match="host"):
+        hc.HiCache(lay, hc.HiCacheConfig(device_pages=4, host_pages=64, host_memory_limit_bytes=1 << 20))
+    cfg = hc.HiCacheConfig(device_pages=4, host_budget_bytes={"kv": 10 * lay.page_bytes_of("kv"), "swa": 3 * lay.page_bytes_of("swa")})
+    assert cfg.page_counts(lay)[1] == {"kv": 10, "swa": 3}
+
+
+def test_bad_calls_change_nothing(cache):
+    stats, held = cache.stats(), cache.core.held_pages("kv")
+    with pytest.raises(ValueError, match="neither held"):
+        cache.insert(seq([5]), [5])
+    with pytest.raises(ValueError, match="not held"):
+        cache.free("kv", [5])
+    with pytest.raises(ValueError, match="takes a MatchResult"):
+        cache.load_back("everything")
+    with pytest.raises(ValueError, match="not a held lock"):
+        cache.unlock(hc.tree.LockId(999))
+    with pytest.raises(ValueError, match="-1"):
+        cache.evict(-1)
+    assert cache.stats() == stats and cache.core.held_pages("kv") == held
+    cache.check_invariants()
+
+
+def test_retract_keeps_whole_pages_only():
+    """V4.1: state inside an unfinished page (the ratio-2 pair ring) is never backed up;
+    a retracted request resumes from its last whole page and recomputes the rest."""
+    c = hc.HiCache(layout("tiny_v41"), hc.HiCacheConfig(device_pages=6, host_pages=12, check_invariants=True))
+    grant = c.alloc(3, 3)
+    tokens = seq([0, 1, 2])[: 2 * P + 100]         # 2 whole pages and 100 tokens of a third
+    resume = c.retract(tokens, grant["kv"], {1: int(grant["swa"][1]), 2: int(grant["swa"][2])})
+    c.free("swa", [int(grant["swa"][0])])
+    assert resume == 2 * P
+    assert c.core.held_pages("kv") == 0 and c.core.held_pages("swa") == 0
+    m = c.match_prefix(tokens)
+    assert m.device_len == 2 * P and m.host_len == 0
+    c.check_invariants()

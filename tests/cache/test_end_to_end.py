@@ -1,0 +1,35 @@
+"""Many requests with shared prefixes through the public API, forcing evictions and
+load-backs; the device bytes of every hit equal what was written, on every pool."""
+import zlib
+
+import numpy as np
+import pytest
+
+import hicache_jax as hc
+from driver import Driver, layout
+
+POLICIES = ["write_through", "write_through_selective", "write_back"]
+
+
+@pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41", "tiny_gqa"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_shared_prefixes_survive_eviction_and_load_back(name, policy):
+    cache = hc.HiCache(layout(name), hc.HiCacheConfig(device_pages=6, host_pages=24, write_policy=policy,
+                                                      check_invariants=True))
+    d = Driver(cache)
+    rng = np.random.default_rng(zlib.crc32(f"{name}{policy}".encode()))
+    convs = [[int(rng.integers(0, 3))] + [int(x) for x in rng.integers(0, 4, 2)] for _ in range(5)]
+    for turn in range(4):
+        for conv in convs:
+            d.request(conv, swa_every=turn % 2 == 0)
+            conv.append(int(rng.integers(0, 4)))            # next turn extends the conversation
+            if len(conv) > 5:
+                del conv[3:]                                 # keep requests within the device pool
+    cache.drain()
+    cache.check_invariants()
+    s = cache.stats()
+    assert d.host_hits > 0 and s.host_hit_tokens == d.host_hits
+    assert sum(s.load_bytes.values()) > 0 and sum(s.backup_bytes.values()) > 0
+    assert s.in_flight == {"backup": 0, "load": 0}
+    if policy == "write_through":
+        assert not s.dropped_tokens

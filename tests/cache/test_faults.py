@@ -1,0 +1,103 @@
+"""Faults: failed backups and load-backs (at start and at completion), host exhaustion, an
+ack that never comes. No slot leaks, no wrong bytes are served, the cache keeps serving."""
+import numpy as np
+import pytest
+
+import hicache_jax as hc
+from driver import Driver, layout
+from faults import FaultyEngine
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def make(name="tiny_v4", policy="write_through", device=6, host=24, clock=None):
+    cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
+                           transfer_timeout_s=5.0)
+    lay = layout(name)
+    real = hc.HiCache(lay, cfg).engine
+    faulty = FaultyEngine(real)
+    cache = hc.HiCache(lay, cfg, engine=faulty, clock=clock or Clock())
+    return cache, faulty, Driver(cache)
+
+
+def empty_everything(cache):
+    """Drain, evict both tiers: every page of every allocator must be free again."""
+    cache.drain()
+    for _ in range(8):
+        cache.evict(10 ** 6, 10 ** 6 if cache.core.swa else 0)
+        cache.drain()
+        cache.core.evict_host(10 ** 6, 10 ** 6 if cache.core.swa else 0)
+    cache.check_invariants()
+    assert cache.core.tree.num_nodes == 0
+    for alloc in list(cache.core.device) + list(cache.core.host):
+        assert alloc.num_free == alloc.capacity, alloc
+
+
+def churn(d, convs=((0, 1, 2), (1, 2, 3), (2, 3, 0), (3, 0, 1)), rounds=2):
+    for _ in range(rounds):
+        for c in convs:
+            d.request(list(c))
+
+
+@pytest.mark.parametrize("when", ["start", "done"])
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_failed_backup(when, policy):
+    cache, faulty, d = make(policy=policy)
+    getattr(faulty, f"fail_{when}").add("backup")
+    churn(d)
+    s = cache.stats()
+    assert s.failures.get(f"backup/{'start' if when == 'start' else 'completion'}") == 1
+    if policy == "write_back" and when == "done":
+        assert s.dropped_tokens["deepseek_v4_c4"]["backup_failed"] > 0   # demoted pages lost with it
+    churn(d)                                    # keeps serving: every served byte is verified
+    assert d.host_hits > 0
+    empty_everything(cache)
+
+
+@pytest.mark.parametrize("when", ["start", "done"])
+@pytest.mark.parametrize("name", ["tiny_v4", "tiny_gqa"])
+def test_failed_load_back_is_recomputed_never_served(when, name):
+    cache, faulty, d = make(name)
+    churn(d, rounds=1)
+    getattr(faulty, f"fail_{when}").add("load")
+    before = d.host_hits
+    churn(d, rounds=1)                          # the first load fails: that request recomputes
+    s = cache.stats()
+    assert s.failures.get(f"load/{'start' if when == 'start' else 'completion'}") == 1
+    assert d.host_hits > before                 # later loads of the same host copies succeed
+    empty_everything(cache)
+
+
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_host_exhaustion(policy):
+    cache, faulty, d = make(policy=policy, host=1)
+    churn(d)
+    s = cache.stats()
+    if policy == "write_back":
+        assert sum(r.get("host_pressure", 0) for r in s.dropped_tokens.values()) > 0
+    else:
+        assert cache.core.events["backup_no_host_space"] > 0
+    empty_everything(cache)
+
+
+def test_ack_that_never_comes_times_out():
+    clock = Clock()
+    cache, faulty, d = make(clock=clock)
+    faulty.hang.add("backup")
+    d.request([0, 1, 2])                        # its backup hangs; the nodes stay locked
+    assert cache.stats().in_flight["backup"] == 1
+    locked = cache.core.device["kv"].num_free
+    assert cache.step().failed == () and cache.evict(3).device_pages == 0   # pinned while pending
+    clock.now = 10.0                            # past transfer_timeout_s
+    report = cache.step()
+    assert report.failed and cache.stats().failures == {"backup/timeout": 1}
+    assert cache.stats().in_flight["backup"] == 0
+    assert cache.evict(3).device_pages == 3 and cache.core.device["kv"].num_free == locked + 3
+    churn(d)
+    empty_everything(cache)

@@ -1,0 +1,45 @@
+"""Prometheus metrics: per-pool counters for every pool, one registry per cache."""
+import re
+
+import hicache_jax as hc
+from driver import Driver, layout
+
+
+def value(text, name, **labels):
+    sel = ",".join(f'{k}="{v}"' for k, v in labels.items())
+    m = re.search(rf"^{name}{{{re.escape(sel)}}} (\S+)$" if sel else rf"^{name} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else None
+
+
+def test_sidecar_and_state_pools_show_backup_bytes():
+    cache = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=12))
+    other = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=12))
+    Driver(cache).request([0, 1, 2])
+    cache.drain()
+    text = cache.metrics_text()
+    s = cache.stats()
+    for pool in ("deepseek_v4_c4", "deepseek_v4_c4_indexer", "deepseek_v4_c128", "swa",
+                 "deepseek_v4_c4_state", "deepseek_v4_c4_indexer_state"):
+        got = value(text, "hicache_backup_bytes_total", pool=pool)
+        assert got and got == s.backup_bytes[pool]
+        assert value(text, "hicache_host_used_bytes", pool=pool) > 0
+    spec = cache.layout.pool("deepseek_v4_c4_state")
+    assert s.backup_bytes["deepseek_v4_c4_state"] == 1 * spec.num_layers * spec.page_bytes   # one SWA page
+    assert s.backup_tokens["deepseek_v4_c4"] == 3 * 256
+    assert value(text, "hicache_transfers_total", direction="backup") == 1
+    assert value(text, 'hicache_transfer_seconds_count', direction="backup") == 1
+    # a second cache in the same process counts nothing of the first's
+    assert value(other.metrics_text(), "hicache_backup_bytes_total", pool="swa") is None
+
+
+def test_dropped_tokens_are_labelled_by_pool_and_reason():
+    cache = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=12,
+                                                           write_policy="write_through_selective"))
+    Driver(cache).request([0, 1])
+    cache.evict(2)
+    text = cache.metrics_text()
+    assert value(text, "hicache_dropped_tokens_total", pool="deepseek_v4_c4",
+                 reason="write_through_unbacked_eviction") == 512
+    assert value(text, "hicache_dropped_tokens_total", pool="deepseek_v4_c4_state",
+                 reason="write_through_unbacked_eviction") == 256
+    assert value(text, "hicache_evicted_tokens_total", tier="device") == 512
