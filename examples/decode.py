@@ -1,0 +1,171 @@
+"""Serve multi-turn conversations with a tiny model through HiCache; check against recompute.
+
+    python examples/decode.py --config configs/tiny_v4.json
+
+Conversations share a long system prompt; each turn appends the model's answer and a new
+user message, so every turn's prompt extends the previous one. Requests run round-robin
+over conversations with a device pool too small to keep them all, so prefixes are backed
+up, evicted and loaded back. The same requests then run with no cache (full recompute);
+every generated token and every logit must be bit-identical. The last line is JSON;
+exit status 0 only when `identical` is true.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import hicache_jax as hc  # noqa: E402
+from examples.serving_loop import Outcome, run_cached, run_uncached  # noqa: E402
+from examples.tiny_models import make_model  # noqa: E402
+
+
+def workload(args, vocab: int):
+    """[(conversation, turn, prompt, preempt_at)] in arrival order, seeded."""
+    rng = np.random.default_rng(args.seed)
+    words = lambda n: rng.integers(1, vocab, n).astype(np.int32)
+    system = words(args.system_tokens)
+    convs = -(-args.requests // args.turns)
+    firsts = [words(args.user_tokens + int(rng.integers(0, args.user_tokens))) for _ in range(convs)]
+    follow = [[words(args.followup_tokens + int(rng.integers(0, 64))) for _ in range(args.turns)] for _ in range(convs)]
+    order = [(c, t) for t in range(args.turns) for c in range(convs)][: args.requests]
+    return system, firsts, follow, order
+
+
+def serve(args, model, layout, cached: bool):
+    """Run the workload; returns (outcomes by request index, cache or None)."""
+    system, firsts, follow, order = workload(args, model.vocab_size)
+    history = {}          # conversation -> tokens so far (prompt + answers)
+    outs: list[Outcome] = []
+    cfg = hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
+                           write_policy=args.write_policy, check_invariants=args.check)
+    cache = hc.HiCache(layout, cfg)
+    if cached:
+        cache.warmup(args.max_pages)
+    warm_up(model, cache)
+    pools = cache.device_pools if not cached else None
+    for i, (c, t) in enumerate(order):
+        prev = history.get(c, np.concatenate([system, firsts[c]]))
+        prompt = prev if t == 0 else np.concatenate([prev, follow[c][t]])
+        preempt = args.gen_tokens // 2 if cached and args.preempt_every and (i + 1) % args.preempt_every == 0 else None
+        if cached:
+            out = run_cached(cache, model, prompt, args.gen_tokens, preempt_at=preempt)
+            if out.resume_len is not None:   # preempted: resume at once, recomputing the partial page
+                out = run_cached(cache, model, prompt, args.gen_tokens, out=out)
+        else:
+            pools, out = run_uncached(model, pools, prompt, args.gen_tokens)
+        history[c] = np.concatenate([prompt, np.asarray(out.tokens, np.int32)])
+        outs.append(out)
+        if args.progress:
+            where = (f"device {out.device_hit:5d}  host {out.host_hit:5d}  computed {out.computed:5d}"
+                     if cached else f"computed {out.computed:5d}")
+            tag = " (preempted, resumed)" if out.resume_len is not None else ""
+            print(f"  {'cache' if cached else 'recompute':9} req {i:3d} conv {c} turn {t}: prompt {len(prompt):5d}  "
+                  f"{where}  ttft {1e3 * out.ttft_s:7.1f} ms{tag}", flush=True)
+    if cached:
+        cache.drain()
+        cache.check_invariants()
+    return outs, cache if cached else None
+
+
+def warm_up(model, cache: hc.HiCache) -> None:
+    """Compile the model's one program before anything is timed, on the cache's own pools
+    (same shapes and placement). It writes page 0, which nothing holds yet."""
+    z = np.zeros(model.max_pages, np.int32)
+    pools, logits = model.forward_chunk(cache.device_pools, z, z, np.zeros(model.page_size, np.int32), 0, 1)
+    jax.block_until_ready(logits)
+    cache.set_device_pools(pools)
+
+
+def identical(a: list[Outcome], b: list[Outcome]) -> bool:
+    for x, y in zip(a, b, strict=True):
+        if x.tokens != y.tokens or len(x.logits) != len(y.logits):
+            return False
+        if not all(np.array_equal(p.view(np.uint32), q.view(np.uint32)) for p, q in zip(x.logits, y.logits)):
+            return False
+    return True
+
+
+def summary(cache: hc.HiCache, cached: list[Outcome], plain: list[Outcome]) -> str:
+    s = cache.stats()
+    lines = ["", "pool                          backup bytes    load bytes"]
+    for p in cache.layout.byte_pools:
+        lines.append(f"{p.name:28} {s.backup_bytes.get(p.name, 0):13,} {s.load_bytes.get(p.name, 0):13,}")
+    lines += ["", f"hit tokens: device {sum(o.device_hit for o in cached):,}, host {sum(o.host_hit for o in cached):,}; "
+              f"recomputed {sum(o.computed for o in cached):,} (no cache: {sum(o.computed for o in plain):,})",
+              f"dropped tokens: {dict(s.dropped_tokens) or 0}; load-backs refused: {s.load_refusals or 0}",
+              "", "req  ttft with cache (ms)  ttft recompute (ms)   host hit"]
+    for i, (x, y) in enumerate(zip(cached, plain)):
+        lines.append(f"{i:3d}  {1e3 * x.ttft_s:20.1f}  {1e3 * y.ttft_s:19.1f}  {x.host_hit:9,}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default=str(ROOT / "configs" / "tiny_v4.json"))
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--requests", type=int, default=12)
+    ap.add_argument("--turns", type=int, default=3)
+    ap.add_argument("--device-pages", type=int, default=8)
+    ap.add_argument("--host-pages", type=int, default=64)
+    ap.add_argument("--write-policy", default="write_through", choices=["write_through", "write_through_selective", "write_back"])
+    ap.add_argument("--system-tokens", type=int, default=512)
+    ap.add_argument("--user-tokens", type=int, default=400)
+    ap.add_argument("--followup-tokens", type=int, default=120)
+    ap.add_argument("--gen-tokens", type=int, default=12)
+    ap.add_argument("--max-pages", type=int, default=8, help="model context, in pages")
+    ap.add_argument("--preempt-every", type=int, default=5, help="preempt every Nth request mid-decode (0: never)")
+    ap.add_argument("--metrics-out", default=None, help="write the cache's Prometheus text here")
+    ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call")
+    ap.add_argument("--quiet", dest="progress", action="store_false")
+    args = ap.parse_args(argv)
+    for name in ("requests", "turns", "device_pages", "host_pages", "gen_tokens", "max_pages"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+
+    layout = hc.build_layout(hc.load_model_config(args.config))
+    model = make_model(layout, seed=args.seed, max_pages=args.max_pages)
+    print(f"{layout.model.name}: {len(layout.pools)} pools, {args.requests} requests, device {args.device_pages} pages, "
+          f"host {args.host_pages} pages, {args.write_policy}, jax {jax.__version__} on {jax.devices()[0].platform}",
+          flush=True)
+    t0 = time.perf_counter()
+    with_cache, cache = serve(args, model, layout, cached=True)
+    t1 = time.perf_counter()
+    without, _ = serve(args, model, layout, cached=False)
+    t2 = time.perf_counter()
+    same = identical(with_cache, without)
+    print(summary(cache, with_cache, without))
+    print(f"\nwith cache {t1 - t0:.1f} s, recompute {t2 - t1:.1f} s; bit-identical: {same}")
+    if args.metrics_out:
+        pathlib.Path(args.metrics_out).write_text(cache.metrics_text())
+    s = cache.stats()
+    result = {
+        "identical": same,
+        "host_hit_tokens": sum(o.host_hit for o in with_cache),
+        "device_hit_tokens": sum(o.device_hit for o in with_cache),
+        "recomputed_tokens": sum(o.computed for o in with_cache),
+        "no_cache_computed_tokens": sum(o.computed for o in without),
+        "backup_bytes": sum(s.backup_bytes.values()),
+        "load_bytes": sum(s.load_bytes.values()),
+        "requests": args.requests, "config": layout.model.name, "write_policy": args.write_policy,
+        "ttft_ms_cache": [round(1e3 * o.ttft_s, 3) for o in with_cache],
+        "ttft_ms_recompute": [round(1e3 * o.ttft_s, 3) for o in without],
+        "host_hit_per_request": [o.host_hit for o in with_cache],
+        "dropped_tokens": {k: v for k, v in s.dropped_tokens.items()},
+    }
+    print(json.dumps(result))
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""A minimal serving loop over a tiny model: with HiCache, and with no cache at all.
+
+One request = a prompt plus `gen` greedy tokens. Every forward is one page-aligned chunk
+(`model.forward_chunk`), prefill and decode alike, so each token's state is the same
+function of the token history wherever that history came from. With the cache:
+
+    match -> lock -> load_back + wait (host hit) -> alloc the rest -> prefill + decode
+          -> insert whole pages (SWA for the last one) -> free the rest -> unlock -> step
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+import hicache_jax as hc
+
+
+@dataclasses.dataclass
+class Outcome:
+    """What one request produced, and where its prompt came from."""
+
+    tokens: list[int]                       # generated tokens
+    logits: list[np.ndarray]                # f32[vocab] behind each generated token
+    ttft_s: float                           # first token's latency (prompt prefill included)
+    device_hit: int = 0                     # prompt tokens found on device
+    host_hit: int = 0                       # prompt tokens loaded back from host
+    computed: int = 0                       # prompt tokens prefilled
+    resume_len: int | None = None           # set when the request was preempted
+
+
+class PagedRequest:
+    """Runs forwards for one sequence over page tables (logical page -> device page)."""
+
+    def __init__(self, model, pools, seq: np.ndarray, anchor: list[int], swa: dict[int, int]):
+        self.model, self.pools, self.seq = model, pools, list(seq.tolist())
+        self.anchor, self.swa = anchor, swa     # swa: logical page -> SWA device page
+
+    def forward(self, end: int) -> np.ndarray:
+        """Compute positions up to `end` (exclusive) of the page holding end - 1; logits of end - 1."""
+        P, m = self.model.page_size, self.model.max_pages
+        q = (end - 1) // P
+        page = np.zeros(P, np.int32)
+        chunk = self.seq[q * P:end]
+        page[:len(chunk)] = chunk
+        a = np.zeros(m, np.int32)
+        a[:len(self.anchor)] = self.anchor
+        s = np.zeros(m, np.int32)
+        for k, v in self.swa.items():
+            s[k] = v
+        self.pools, logits = self.model.forward_chunk(self.pools, a, s, page, q * P, end - q * P)
+        return np.asarray(logits)
+
+    def prefill(self, start: int) -> np.ndarray:
+        """Prefill from page-aligned `start` to the end of the sequence; the last logits."""
+        P, n = self.model.page_size, len(self.seq)
+        logits = None
+        for q in range(start // P, -(-n // P)):
+            logits = self.forward(min(n, (q + 1) * P))
+        return logits
+
+    def decode(self, first_logits: np.ndarray, gen: int, out: Outcome, stop_after: int | None = None) -> None:
+        """Greedy tokens until `gen` in total (or `stop_after` more), extending `out`."""
+        logits = first_logits
+        while len(out.tokens) < gen:
+            tok = int(np.argmax(logits))
+            out.tokens.append(tok)
+            out.logits.append(logits)
+            self.seq.append(tok)
+            if len(out.tokens) == gen or (stop_after is not None and len(out.tokens) >= stop_after):
+                return
+            logits = self.forward(len(self.seq))
+
+
+def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outcome | None = None,
+               preempt_at: int | None = None) -> Outcome:
+    """Serve one request through `cache`. With `preempt_at`, leave after that many tokens
+    (whole pages stay cached, the rest is recomputed on resume: `out.resume_len`)."""
+    P = model.page_size
+    out = out or Outcome([], [], 0.0)
+    seq = np.concatenate([prompt, np.asarray(out.tokens, np.int32)]).astype(np.int32)
+    t0 = time.perf_counter()
+    m = cache.match_prefix(seq)
+    lock = cache.lock(m.device_node)
+    usable, table, window = m.device_len, m.device_pages, m.swa_pages
+    if m.host_len:
+        lb = cache.load_back(m)
+        if lb.started and cache.wait(lb):
+            cache.unlock(lock)
+            lock = cache.lock(lb.node)
+            usable, table, window = lb.total_len, lb.device_pages, lb.swa_pages
+            out.host_hit += usable - m.device_len
+    out.device_hit += m.device_len
+    first, total = usable // P, -(-(len(prompt) + gen) // P)
+    grant = cache.alloc(total - first, total - first if cache.core.swa else 0)
+    if grant is None:
+        raise RuntimeError(f"device pool too small for a request of {total} pages")
+    new = grant["kv"].tolist()
+    swa_new = grant.get("swa", np.zeros(0, np.int32)).tolist()
+    swa = {first - len(window) + i: int(p) for i, p in enumerate(window)}
+    swa.update({first + i: p for i, p in enumerate(swa_new)})
+    req = PagedRequest(model, cache.device_pools, seq, table.tolist() + new, swa)
+    logits = req.prefill(usable)
+    out.computed += len(seq) - usable
+    if not out.ttft_s:
+        jax.block_until_ready(req.pools)
+        out.ttft_s = time.perf_counter() - t0
+    req.decode(logits, gen, out, stop_after=preempt_at)
+    cache.set_device_pools(req.pools)
+    n = len(req.seq) - 1          # the last token was sampled, not yet computed
+    whole = n // P
+    has_swa = cache.core.swa is not None
+    keep = {whole - 1: swa[whole - 1]} if has_swa and whole and whole - 1 >= first else {}
+    if len(out.tokens) < gen:
+        out.resume_len = cache.retract(req.seq[:n], req.anchor[:-(-n // P)], keep)
+        extra_pages = req.anchor[-(-n // P):]
+    else:
+        cache.insert(np.asarray(req.seq[:whole * P], np.int32), req.anchor[:whole], keep)
+        extra_pages = req.anchor[whole:]
+    if extra_pages:
+        cache.free(cache.core.anchor, extra_pages)
+    unused_swa = [p for p in swa_new if p not in keep.values()]
+    if unused_swa:
+        cache.free(cache.core.swa, unused_swa)
+    cache.unlock(lock)
+    cache.step()
+    return out
+
+
+def run_uncached(model, pools, prompt: np.ndarray, gen: int):
+    """The same request with no cache: every prompt token is recomputed. Returns (pools, Outcome)."""
+    P = model.page_size
+    n_pages = -(-(len(prompt) + gen) // P)
+    pages = list(range(n_pages))
+    t0 = time.perf_counter()
+    req = PagedRequest(model, pools, prompt, pages, {q: q for q in range(n_pages)})
+    logits = req.prefill(0)
+    jax.block_until_ready(req.pools)
+    out = Outcome([], [], time.perf_counter() - t0, computed=len(prompt))
+    req.decode(logits, gen, out)
+    return req.pools, out
