@@ -82,6 +82,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     out = out or Outcome([], [], 0.0)
     seq = np.concatenate([prompt, np.asarray(out.tokens, np.int32)]).astype(np.int32)
     t0 = time.perf_counter()
+    cache.step()               # apply what completed since the last request
     m = cache.match_prefix(seq)
     lock = cache.lock(m.device_node)
     usable, table, window = m.device_len, m.device_pages, m.swa_pages
@@ -94,7 +95,11 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
             out.host_hit += usable - m.device_len
     out.device_hit += m.device_len
     first, total = usable // P, -(-(len(prompt) + gen) // P)
-    grant = cache.alloc(total - first, total - first if cache.core.swa else 0)
+    need = (total - first, total - first if cache.core.swa else 0)
+    grant = cache.alloc(*need)
+    if grant is None:          # pages pinned by backups in flight: let them land, then retry
+        cache.drain()
+        grant = cache.alloc(*need)
     if grant is None:
         raise RuntimeError(f"device pool too small for a request of {total} pages")
     new = grant["kv"].tolist()
