@@ -5,7 +5,7 @@ One request = a prompt plus `gen` greedy tokens. Every forward is one page-align
 function of the token history wherever that history came from. With the cache:
 
     match -> lock -> load_back + wait (host hit) -> alloc the rest -> prefill + decode
-          -> insert whole pages (SWA for the last one) -> free the rest -> unlock -> step
+          -> insert whole pages (with their SWA pages) -> free the rest -> unlock -> step
 """
 from __future__ import annotations
 
@@ -116,8 +116,9 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     cache.set_device_pools(req.pools)
     n = len(req.seq) - 1          # the last token was sampled, not yet computed
     whole = n // P
-    has_swa = cache.core.swa is not None
-    keep = {whole - 1: swa[whole - 1]} if has_swa and whole and whole - 1 >= first else {}
+    # the tree keeps the SWA page of every whole page computed here (any of them may become
+    # a prefix boundary); under SWA pressure it drops the least recently used ones
+    keep = {q: swa[q] for q in range(first, whole)} if cache.core.swa is not None else {}
     if len(out.tokens) < gen:
         out.resume_len = cache.retract(req.seq[:n], req.anchor[:-(-n // P)], keep)
         extra_pages = req.anchor[-(-n // P):]

@@ -60,7 +60,7 @@ class TreeCore(WritePath, ReadPath, Eviction):
         self.tree = RadixTree(self.page_size)
         self._by_id: dict[int, Node] = {0: self.tree.root}
         self._clock = 0
-        self.device_lru, self.host_lru = LeafLRU(), LeafLRU()
+        self.device_lru, self.host_lru, self.swa_lru = LeafLRU(), LeafLRU(), LeafLRU()
         self._held: dict[str, set[int]] = {name: set() for name in self.device.order}
         self._locks: dict[int, Node] = {}
         self._next_lock = 1
@@ -167,9 +167,11 @@ class TreeCore(WritePath, ReadPath, Eviction):
         now = self._tick()
         for n in chain:
             n.last_access = now
-        # only the deepest device node and the deepest node can be leaves of an LRU
+        # only the deepest device node and the deepest node can be leaves of an LRU; any
+        # node may hold SWA pages, so with an SWA pool every touched node is re-offered
         last_dev = next((n for n in reversed(chain) if n.state in DEVICE_VALID), None)
-        for n in {last_dev, chain[-1] if chain else None} - {None}:
+        offer = chain if self.swa is not None else [last_dev, chain[-1] if chain else None]
+        for n in dict.fromkeys(n for n in offer if n is not None):
             self._offer_leaf(n)
         root = self.tree.root
         dev_pages, swa_pages = self._device_tables(dev_chain)
@@ -303,8 +305,8 @@ class TreeCore(WritePath, ReadPath, Eviction):
         self._free_duplicates(self.anchor, dev[pos // page:], None)
         if swa:
             self._free_duplicates(self.swa, np.asarray(list(swa.values())), None)
-        if touched:
-            self._offer_leaf(touched[-1])    # the others have a device child on this path
+        for node in touched if self.swa is not None else touched[-1:]:
+            self._offer_leaf(node)           # without SWA only the last can be a leaf
         for node in touched:
             self._on_hit(node)
         last = touched[-1] if touched else self.tree.root

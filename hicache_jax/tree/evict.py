@@ -1,9 +1,13 @@
-"""Eviction: device LRU over device leaves, host LRU over host leaves, subtree removal.
+"""Eviction: device LRU over device leaves, host LRU over host leaves, SWA tombstones,
+subtree removal.
 
 A *device leaf* holds valid device pages, is unlocked, not owned by a load, and no child
 holds device pages. A *host leaf* is host-only (HOST), unlocked, unowned and childless.
 Host eviction frees a node's pages on every pool at once: the anchor host pages (and with
 them every kv-sidecar row) and its SWA host pages (and with them the state rows).
+An *SWA tombstone* frees only the SWA device pages (and their state rows) of any unlocked
+node, least recently used first, keeping its FULL pages: the SWA pool is the largest per
+page, and a prefix boundary needs SWA data only in its trailing window.
 """
 from __future__ import annotations
 
@@ -26,32 +30,43 @@ class Eviction:
         return (node.state is Residency.HOST and node.lock_ref == 0 and node.load_id is None
                 and not node.children)
 
+    def _swa_evictable(self, node: Node) -> bool:
+        # not BACKING_UP: a queued backup still has to read its SWA pages
+        return (node.state in (Residency.DEVICE, Residency.SYNCED) and node.lock_ref == 0
+                and node.load_id is None and node.swa_device is not None
+                and bool((node.swa_device != ABSENT).any()))
+
     def _offer_leaf(self, node: Node) -> None:
-        """(Re)enter `node` into the LRU it is now a candidate of, if any."""
+        """(Re)enter `node` into every LRU it is now a candidate of."""
         if node.parent is None or node.state is Residency.GONE:
             return
         if self._device_evictable(node):
             self.device_lru.push(node)
         elif self._host_evictable(node):
             self.host_lru.push(node)
+        if self.swa is not None and self._swa_evictable(node):
+            self.swa_lru.push(node)
         live = self.tree.num_nodes
-        if len(self.device_lru) + len(self.host_lru) > 4 * live + _COMPACT_SLACK:
+        if len(self.device_lru) + len(self.host_lru) + len(self.swa_lru) > 6 * live + _COMPACT_SLACK:
             nodes = list(self.tree.nodes())
             self.device_lru.compact(n for n in nodes if self._device_evictable(n))
             self.host_lru.compact(n for n in nodes if self._host_evictable(n))
+            self.swa_lru.compact(n for n in nodes if self.swa is not None and self._swa_evictable(n))
 
     # -- device tier -------------------------------------------------------------------------
     def evict_device(self, num_pages: int, swa_pages: int = 0) -> EvictResult:
-        """Free at least `num_pages` anchor and `swa_pages` SWA device pages, LRU leaves first.
+        """Free at least `num_pages` anchor and `swa_pages` SWA device pages.
 
-        A synced leaf just loses its device copy. An unbacked leaf is backed up and demoted
-        under write-back (sets `needs_flush`), or else dropped and counted by reason.
-        Returns what was freed, which may be less when too few leaves are evictable.
+        Anchor pages come from LRU device leaves (with their SWA pages): a synced leaf just
+        loses its device copy; an unbacked leaf is backed up and demoted under write-back
+        (sets `needs_flush`), or else dropped and counted by reason. Any SWA pages still
+        missing come from SWA tombstones, LRU first. Returns what was freed, which may be
+        less when too little is evictable.
         """
         if num_pages < 0 or swa_pages < 0:
             raise ValueError(f"evict of {num_pages} device pages / {swa_pages} SWA pages")
         freed = swa_freed = dropped = 0
-        while freed < num_pages or swa_freed < swa_pages:
+        while freed < num_pages:
             node = self.device_lru.pop(self._device_evictable)
             if node is None:
                 break
@@ -73,7 +88,21 @@ class Eviction:
             self.events["device_evicted_tokens"] += k * self.page_size
             freed, swa_freed = freed + k, swa_freed + s
             self._offer_leaf(parent)
+        while swa_freed < swa_pages:               # the rest of the SWA need: tombstones only
+            node = self.swa_lru.pop(self._swa_evictable)
+            if node is None:
+                break
+            swa_freed += self._tombstone_swa(node)
         return EvictResult(freed, swa_freed, dropped)
+
+    def _tombstone_swa(self, node: Node) -> int:
+        """Free `node`'s SWA device pages; its FULL pages and any SWA host copy stay."""
+        present = node.swa_device != ABSENT
+        self.device[self.swa].free(node.swa_device[present])
+        node.swa_device[present] = ABSENT
+        self.events["swa_tombstoned_pages"] += int(present.sum())
+        self._offer_leaf(node)
+        return int(present.sum())
 
     def _count_drop(self, node: Node, reason: str, swa_pages: int) -> None:
         self.dropped[reason] += len(node.tokens)

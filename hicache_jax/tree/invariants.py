@@ -124,7 +124,10 @@ def _check_structure(core, n, page: int) -> None:
 def _check_lru(core, nodes) -> None:
     dev = {(stamp, n.id) for stamp, n in core.device_lru.entries()}
     host = {(stamp, n.id) for stamp, n in core.host_lru.entries()}
+    swa = {(stamp, n.id) for stamp, n in core.swa_lru.entries()}
     for n in nodes:
+        if core.swa is not None and core._swa_evictable(n) and (n.last_access, n.id) not in swa:
+            _fail(f"{n} holds SWA device pages but is missing from the SWA LRU")
         if core._device_evictable(n) and (n.last_access, n.id) not in dev:
             _fail(f"device leaf {n} is missing from the device LRU")
         if core._host_evictable(n) and (n.last_access, n.id) not in host:

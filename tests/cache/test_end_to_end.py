@@ -33,3 +33,23 @@ def test_shared_prefixes_survive_eviction_and_load_back(name, policy):
     assert s.in_flight == {"backup": 0, "load": 0}
     if policy == "write_through":
         assert not s.dropped_tokens
+
+
+@pytest.mark.parametrize("name,tp", [("tiny_gqa", 2), ("tiny_gqa", 4), ("tiny_v4", 2)])
+def test_on_a_tp_mesh(name, tp):
+    """GQA K/V is split by kv head across ranks (each rank backs up its shard); V4 pools are
+    replicated (one host copy, broadcast on load). Bytes must come back the same."""
+    import jax
+    from jax.sharding import Mesh
+    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+    cache = hc.HiCache(layout(name), hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True),
+                       mesh=mesh)
+    d = Driver(cache)
+    for turn in range(3):
+        for conv in ([0, 1], [2, 3], [1, 0]):
+            d.request(conv + [turn] * (turn > 0))
+    cache.drain()
+    assert d.host_hits > 0
+    spec = next(p for p in cache.layout.byte_pools if p.sharding == "tp") if name == "tiny_gqa" else None
+    if spec is not None:
+        assert cache.device_pools[spec.name].sharding.spec[spec.shard_axis + 2] == "tp"

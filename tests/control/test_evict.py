@@ -58,3 +58,17 @@ def test_synced_eviction_keeps_the_host_copy_and_host_leaf_order():
     m1, m2 = c.match_prefix(query(seq(1))), c.match_prefix(query(seq(2)))
     assert (m1.host_len, m2.host_len) == (P, 0)
     assert c.events["host_evicted_tokens"] == P
+
+
+def test_swa_tombstones_free_swa_only_lru_first():
+    c = core("tiny_v4", write_policy="write_through_selective", swa_dev=8)
+    put(c, seq(1, 2), swa_last=2)                     # SWA on both pages
+    put(c, seq(3), swa_last=1)
+    c.match_prefix(query(seq(3)))                     # [3] is the most recently used
+    kv_free = c.device["kv"].num_free
+    res = c.evict_device(0, 2)                        # SWA only: the older node's two SWA pages
+    assert (res.device_pages, res.swa_pages) == (0, 2) and c.device["kv"].num_free == kv_free
+    assert c.events["swa_tombstoned_pages"] == 2
+    assert c.match_prefix(query(seq(1, 2))).device_len == 0    # its window is gone from device
+    assert c.match_prefix(query(seq(3))).device_len == P       # the recent one kept its window
+    c.check_invariants()
