@@ -137,7 +137,6 @@ class StatsCollector:
 
 def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mapping[str, int]) -> CacheStats:
     """Build a `CacheStats` from the controller's tally and the tree core's counters."""
-    page = layout.page_size
     dropped: dict[str, dict[str, int]] = {}
     for p in layout.byte_pools:
         source = core.dropped if p.allocator == core.anchor else core.dropped_swa

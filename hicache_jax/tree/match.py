@@ -63,3 +63,15 @@ def best_boundary(present_desc: Iterable[bool], limit: int, window_pages: int) -
 def cap_tokens(input_len: int, page_size: int) -> int:
     """At most input_len - 1 tokens, page-aligned: one token is always recomputed for logits."""
     return max(0, (input_len - 1) // page_size * page_size)
+
+
+def as_tokens(tokens) -> np.ndarray:
+    """Token ids as i32[n]; anything else raises ValueError naming what was given."""
+    arr = np.asarray(tokens)
+    if arr.dtype == np.int32 and arr.ndim == 1:    # the hot path: nothing to convert
+        return arr
+    if arr.ndim != 1 or not (np.issubdtype(arr.dtype, np.integer) or arr.size == 0):
+        raise ValueError(f"tokens must be a 1-D sequence of integers, got {arr.dtype} of shape {arr.shape}")
+    if arr.size and (arr.min() < 0 or arr.max() > np.iinfo(np.int32).max):
+        raise ValueError(f"token ids must be in 0..2**31-1, got min {arr.min()} max {arr.max()}")
+    return arr.astype(np.int32)

@@ -1,6 +1,5 @@
 """Faults: failed backups and load-backs (at start and at completion), host exhaustion, an
 ack that never comes. No slot leaks, no wrong bytes are served, the cache keeps serving."""
-import numpy as np
 import pytest
 
 import hicache_jax as hc

@@ -1,6 +1,4 @@
 """Read path: load-backs, owners and back-off, thresholds, SWA window loads, failures."""
-import numpy as np
-
 from hicache_jax.tree import LoadJob, Refusal, Residency
 from helpers import P, core, put, query, seq
 
@@ -94,7 +92,7 @@ def test_no_device_space_changes_nothing():
 
 def test_stale_and_pending_matches_are_refused():
     c = core("tiny_gqa", write_policy="write_back")
-    r = put(c, seq(1, 2))[0]
+    put(c, seq(1, 2))
     c.evict_device(2)
     c.ack_backup(c.take_backup_batch().ack_id)
     m = c.match_prefix(query(seq(1, 2)))

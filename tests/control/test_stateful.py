@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicache_jax.tree import LoadJob, Residency
+from hicache_jax.tree import LoadJob
 from hicache_jax.tree.node import ABSENT
 from hicache_jax.tree.state import DEVICE_VALID, HOST_DURABLE
 from helpers import P, core, query, seq

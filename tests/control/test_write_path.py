@@ -1,5 +1,4 @@
 """Write path: hit-driven backups per policy, merging, acks (also after splits), failures, drops."""
-import numpy as np
 import pytest
 
 from hicache_jax.tree import Residency
