@@ -160,20 +160,15 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
             any_cov += matched // page
         if self.swa is not None:
             dev_b = best_boundary(self._swa_desc(path, dev_cov, host=False), dev_cov, self.window_pages)
-            all_b = max(dev_b, best_boundary(self._swa_desc(path, any_cov, host=True), any_cov, self.window_pages))
+            all_b = dev_b if dev_b == any_cov else max(      # all on device: no second scan
+                dev_b, best_boundary(self._swa_desc(path, any_cov, host=True), any_cov, self.window_pages))
         else:
             dev_b, all_b = dev_cov, any_cov
         chain = self._cut(path, [dev_b * page, all_b * page])
         dev_chain = chain[:self._count_until(chain, dev_b * page)]
         now = self._tick()
-        for n in chain:
+        for n in chain:             # LRU heaps re-file touched nodes lazily (see lru.py)
             n.last_access = now
-        # only the deepest device node and the deepest node can be leaves of an LRU; any
-        # node may hold SWA pages, so with an SWA pool every touched node is re-offered
-        last_dev = next((n for n in reversed(chain) if n.state in DEVICE_VALID), None)
-        offer = chain if self.swa is not None else [last_dev, chain[-1] if chain else None]
-        for n in dict.fromkeys(n for n in offer if n is not None):
-            self._offer_leaf(n)
         root = self.tree.root
         dev_pages, swa_pages = self._device_tables(dev_chain)
         return MatchResult(dev_b * page, (all_b - dev_b) * page, dev_pages, swa_pages,
@@ -227,7 +222,13 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
         dev = np.concatenate([n.device for n in chain]).astype(np.int32, copy=False)
         if self.swa is None:
             return dev, empty
-        swa = np.concatenate([n.swa_device for n in chain[-self.window_pages:]])[-self.window_pages:]
+        swa, need = [], self.window_pages          # the window's pages, walking back from the end
+        for n in reversed(chain):
+            swa[:0] = n.swa_device[-need:].tolist()
+            need = self.window_pages - len(swa)
+            if need <= 0:
+                break
+        swa = np.asarray(swa[-self.window_pages:], np.int32)
         if np.any(swa == ABSENT):
             raise AssertionError(f"bug: matched window of {chain[-1]} lacks SWA device pages: {swa.tolist()}")
         return dev, swa.astype(np.int32)
@@ -240,6 +241,7 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
             self._writes[head.write_id].nodes.add(head)
         if head.load_id is not None:
             self._loads[head.load_id].nodes.add(head)
+        self._offer_leaf(head)      # a new node: may hold SWA pages
         return head
 
     def check_invariants(self) -> None:

@@ -122,13 +122,13 @@ def _check_structure(core, n, page: int) -> None:
 
 
 def _check_lru(core, nodes) -> None:
-    dev = {(stamp, n.id) for stamp, n in core.device_lru.entries()}
-    host = {(stamp, n.id) for stamp, n in core.host_lru.entries()}
-    swa = {(stamp, n.id) for stamp, n in core.swa_lru.entries()}
+    # every candidate has an entry, stamped no later than its last access (lru.py re-files)
+    dev = {n.id: s for s, n in sorted(core.device_lru.entries(), key=lambda e: e[0])}
+    host = {n.id: s for s, n in sorted(core.host_lru.entries(), key=lambda e: e[0])}
+    swa = {n.id: s for s, n in sorted(core.swa_lru.entries(), key=lambda e: e[0])}
     for n in nodes:
-        if core.swa is not None and core._swa_evictable(n) and (n.last_access, n.id) not in swa:
-            _fail(f"{n} holds SWA device pages but is missing from the SWA LRU")
-        if core._device_evictable(n) and (n.last_access, n.id) not in dev:
-            _fail(f"device leaf {n} is missing from the device LRU")
-        if core._host_evictable(n) and (n.last_access, n.id) not in host:
-            _fail(f"host leaf {n} is missing from the host LRU")
+        for heap, candidate, what in ((swa, core.swa is not None and core._swa_evictable(n), "SWA"),
+                                      (dev, core._device_evictable(n), "device"),
+                                      (host, core._host_evictable(n), "host")):
+            if candidate and heap.get(n.id, n.last_access + 1) > n.last_access:
+                _fail(f"{n} is a {what} eviction candidate missing from the {what} LRU")

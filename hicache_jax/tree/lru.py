@@ -1,11 +1,12 @@
 """Least-recently-used order over a changing set of candidates, as a lazy heap.
 
-Each `push(node)` records `(node.last_access, node)`; `pop(eligible)` discards entries
-that are stale (the node was touched again since) or whose node is not eligible now, and
-returns the least recently used eligible node. A node that becomes eligible again later
-(unlocked, became a leaf) must be pushed again by whoever made it so. Push and pop are
-O(log n), independent of the tree's size; stale entries are dropped when the heap has
-grown past twice the live count.
+`push(node)` records `(node.last_access, node)` when a node becomes a candidate. Touching
+a node only raises its `last_access`: nothing is pushed, so a match costs no heap work.
+`pop(eligible)` drops entries of nodes that are not eligible now, re-files an entry whose
+node was touched since (its stamp is older than `last_access`) under the newer stamp, and
+returns the least recently used eligible node: exact LRU order, O(log n) per step,
+independent of the tree's size. A node that becomes eligible again later (unlocked,
+became a leaf) must be pushed again by whoever made it so.
 """
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ class LeafLRU:
     def pop(self, eligible: Callable[[Node], bool]) -> Node | None:
         while self._heap:
             stamp, _, node = heapq.heappop(self._heap)
-            if stamp == node.last_access and eligible(node):
-                return node
+            if not eligible(node):
+                continue
+            if stamp != node.last_access:          # touched since: file it under its new time
+                heapq.heappush(self._heap, (node.last_access, next(self._order), node))
+                continue
+            return node
         return None
 
     def entries(self) -> Iterable[tuple[int, Node]]:

@@ -29,6 +29,8 @@ class Residency(enum.Enum):
     LOADING = "loading"            # durable host copy + device pages being filled
     GONE = "gone"                  # removed from the tree
 
+    __hash__ = object.__hash__     # members are singletons: identity hashing, in C (hot path)
+
 
 class Event(enum.Enum):
     COMMIT_BACKUP = "commit_backup"
