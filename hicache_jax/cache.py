@@ -68,6 +68,7 @@ class _InFlight:
     plan: TransferPlan
     handle: object
     started: float
+    host_tokens: int = 0         # a load's prompt tokens served from the host, counted when it lands
 
 
 class HiCache:
@@ -113,8 +114,10 @@ class HiCache:
 
     # -- read path -------------------------------------------------------------------------
     def match_prefix(self, tokens) -> MatchResult:
+        """The longest usable prefix on device, and how much more a load-back would bring."""
+        tokens = as_tokens(tokens)
         m = self.core.match_prefix(tokens)
-        self._requested_tokens += len(as_tokens(tokens))
+        self._requested_tokens += len(tokens)
         self.tally.device_hit_tokens += m.device_len
         return self._checked(m)
 
@@ -141,8 +144,8 @@ class HiCache:
             self.core.fail_load(job.load_id)
             self.tally.failures[("load", "start")] += 1
             return self._checked(self._refused(match, Refusal.FAILED))
-        self._inflight.append(_InFlight(Direction.LOAD, job.load_id, job.plan, handle, self._clock()))
-        self.tally.host_hit_tokens += job.total_len - match.device_len
+        self._inflight.append(_InFlight(Direction.LOAD, job.load_id, job.plan, handle, self._clock(),
+                                        host_tokens=job.total_len - match.device_len))
         return self._checked(LoadBack(job.load_id, None, job.total_len, job.loaded_tokens,
                                       job.device_pages, job.swa_pages, job.node))
 
@@ -296,6 +299,7 @@ class HiCache:
         for name, b in entry.plan.pool_bytes(self.layout).items():
             nbytes[name] += b
         t.transfers[entry.kind.value] += 1
+        t.host_hit_tokens += entry.host_tokens
         seconds = getattr(entry.handle, "seconds", None)
         t.observe(entry.kind.value, seconds if seconds is not None else self._clock() - entry.started)
 
