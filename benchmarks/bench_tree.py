@@ -30,12 +30,28 @@ DEFAULT_TRACE = ROOT.parent / "shared" / "bench" / "tree_trace.py"
 
 
 def load_trace(path: pathlib.Path):
+    """The shared trace generator at `path`; without it, a stand-in of the same shape
+    (numbers from it are not comparable with the published ones)."""
     if not path.exists():
-        raise SystemExit(f"trace generator not found at {path} (pass --trace)")
+        print(f"note: {path} not found, using a stand-in prefix-sharing trace", file=sys.stderr)
+        return stand_in_trace
     spec = importlib.util.spec_from_file_location("tree_trace", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.make_trace
+
+
+def stand_in_trace(num_prompts: int, prompt_tokens: int, page: int, seed: int):
+    """Prompts that each copy a long page-aligned prefix of an earlier one, then go on fresh."""
+    rng = np.random.default_rng(seed)
+    prompts, fresh = [], 1
+    for i in range(num_prompts):
+        share = 0 if i == 0 else int(rng.integers(prompt_tokens // page * 3 // 4, prompt_tokens // page)) * page
+        base = prompts[int(rng.integers(0, len(prompts)))][:share] if share else np.zeros(0, np.int32)
+        new = np.arange(fresh, fresh + prompt_tokens - share, dtype=np.int32)
+        fresh += prompt_tokens - share
+        prompts.append(np.concatenate([base, new]).astype(np.int32))
+    return prompts
 
 
 def pct(xs, q):
