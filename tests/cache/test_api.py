@@ -97,3 +97,27 @@ def test_retract_keeps_whole_pages_only():
     m = c.match_prefix(tokens)
     assert m.device_len == 2 * P and m.host_len == 0
     c.check_invariants()
+
+
+def test_cost_model_skips_loads_slower_than_recompute():
+    lay = layout("tiny_v4")
+
+    def host_hit(cache):
+        d = Driver(cache)
+        d.request([0, 1, 2])
+        cache.drain()
+        cache.evict(3)
+        return cache.match_prefix(np.concatenate([seq([0, 1, 2]), [7]]))
+
+    # 768 host tokens + one SWA window page: ~0.44 MB, ~18 us at 25 GB/s; recomputing at
+    # 1 ns per token takes 0.8 us, so the load is not worth it
+    cheap = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, recompute_seconds_per_token=1e-9))
+    m = host_hit(cheap)
+    assert m.host_len == 3 * P
+    lb = cheap.load_back(m)
+    assert lb.refused is hc.tree.Refusal.NOT_WORTH_IT and lb.total_len == m.device_len
+    assert cheap.stats().load_refusals == {"not_worth_it": 1}
+    # at 1 us per token recomputing takes 768 us: the load wins
+    costly = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, recompute_seconds_per_token=1e-6))
+    lb = costly.load_back(host_hit(costly))
+    assert lb.started and costly.wait(lb)
