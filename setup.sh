@@ -32,5 +32,6 @@ fi
 .venv/bin/python -c 'import jax, hicache_jax; print("setup.sh: jax", jax.__version__, "on", jax.devices()[0].platform)'
 
 if [ "${1:-}" != "--no-run" ]; then
-  .venv/bin/python -m hicache_jax.layout configs/deepseek_v4_flash.json --tokens 1000000
+  # the main example: tiny DeepSeek V4 served through the cache, checked against recompute
+  .venv/bin/python examples/decode.py --config configs/tiny_v4.json
 fi
