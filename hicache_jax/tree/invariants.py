@@ -60,7 +60,7 @@ def check_invariants(core) -> None:
             _fail(f"device coverage is not a prefix: {n} holds device pages, its parent {parent} does not")
         if (n.write_id is not None) != (st in WRITE_PENDING):
             _fail(f"{n}: write id {n.write_id} in state {st.value}")
-        if n.write_id is not None and n not in core._writes.get(n.write_id, _EMPTY).nodes:
+        if n.write_id is not None and (n.write_id not in core._writes or n not in core._writes[n.write_id].nodes):
             _fail(f"{n}: write id {n.write_id} not recorded")
         if st is Residency.LOADING and n.load_id is None:
             _fail(f"{n} is LOADING without an owner")
@@ -99,13 +99,6 @@ def check_invariants(core) -> None:
                 _fail(f"{tier} {alloc.name}: free {len(free)} + {counts} != capacity {alloc.capacity}"
                       + (f"; pages owned twice: {dup}" if dup else ""))
     _check_lru(core, nodes)
-
-
-class _Empty:
-    nodes: frozenset = frozenset()
-
-
-_EMPTY = _Empty()
 
 
 def _check_structure(core, n, page: int) -> None:
