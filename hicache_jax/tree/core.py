@@ -239,6 +239,7 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
         self._by_id[head.id] = head
         if head.write_id is not None:
             self._writes[head.write_id].nodes.add(head)
+            self._split_queued(head, node, num_tokens // self.page_size)
         if head.load_id is not None:
             self._loads[head.load_id].nodes.add(head)
         self._offer_leaf(head)      # a new node: may hold SWA pages

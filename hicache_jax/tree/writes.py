@@ -20,6 +20,20 @@ from hicache_jax.tree.policy import BackupBatch, DropReason, LockId, WritePolicy
 from hicache_jax.tree.state import Event, Residency
 
 
+@dataclasses.dataclass(frozen=True)
+class _Copy:
+    """One queued node copy, per page of the node: anchor pages and SWA pages (ABSENT where none)."""
+
+    device: np.ndarray        # i32[k]
+    host: np.ndarray          # i32[k]
+    swa_device: np.ndarray    # i32[k]
+    swa_host: np.ndarray      # i32[k]
+
+    def split(self, k: int) -> tuple["_Copy", "_Copy"]:
+        head = _Copy(*(a[:k] for a in dataclasses.astuple(self)))
+        return head, _Copy(*(a[k:] for a in dataclasses.astuple(self)))
+
+
 @dataclasses.dataclass
 class _Write:
     """One in-flight (or queued) backup batch."""
@@ -33,7 +47,9 @@ class WritePath:
     def _init_write_path(self) -> None:
         self._open_ack = 1
         self._writes: dict[int, _Write] = {}
-        self._queue: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        # the open batch: per committed node, the pages its copy reads and writes, captured at
+        # commit (a write-back demotion frees the device pages before the batch is taken)
+        self._queue: dict[Node, _Copy] = {}
         self.needs_flush = False
 
     # -- committing ------------------------------------------------------------------------
@@ -59,7 +75,7 @@ class WritePath:
         queued gather is dispatched); a write-back demotion frees them at once instead.
         """
         k = len(node.device)
-        swa_dev = node.swa_device if node.swa_device is not None else np.zeros(0, np.int32)
+        swa_dev = node.swa_device if node.swa_device is not None else np.full(k, ABSENT, np.int32)
         has_swa = swa_dev != ABSENT
         need = {self.anchor: k}
         if self.swa is not None:
@@ -69,19 +85,24 @@ class WritePath:
             self.events["backup_no_host_space"] += 1
             return False
         node.host = got.get(self.anchor)
-        swa_host = np.zeros(0, np.int32)
+        swa_host = np.full(k, ABSENT, np.int32)
         if self.swa is not None:
-            node.swa_host = np.full(k, ABSENT, np.int32)
-            swa_host = got.get(self.swa)
-            node.swa_host[has_swa] = swa_host
+            swa_host[has_swa] = got.get(self.swa)
+            node.swa_host = swa_host.copy()
         node.apply(Event.COMMIT_BACKUP)
         node.write_id = self._open_ack
         write = self._writes.setdefault(self._open_ack, _Write(set(), []))
         write.nodes.add(node)
         if lock:
             write.locks.append(self.lock(node.id))
-        self._queue.append((node.device.copy(), node.host.copy(), swa_dev[has_swa].copy(), swa_host))
+        self._queue[node] = _Copy(node.device.copy(), node.host.copy(), swa_dev.copy(), swa_host)
         return True
+
+    def _split_queued(self, head: Node, node: Node, k: int) -> None:
+        """A queued node was split after `k` pages: each half keeps its share of the copy."""
+        copy = self._queue.pop(node, None)
+        if copy is not None:
+            self._queue[head], self._queue[node] = copy.split(k)
 
     def _reclaim_host(self, short: dict[str, int]) -> None:
         self.evict_host(short.get(self.anchor, 0), short.get(self.swa, 0) if self.swa else 0)
@@ -89,11 +110,16 @@ class WritePath:
     def take_backup_batch(self) -> BackupBatch | None:
         """Close the queued commits into one transfer (None when nothing is queued)."""
         if not self._queue:
+            write = self._writes.get(self._open_ack)
+            if write is not None and not write.nodes:   # every copy was dropped before dispatch:
+                del self._writes[self._open_ack]        # release the locks they held
+                for lock in write.locks:
+                    self.unlock(lock)
             return None
-        dev, host, sdev, shost = (np.concatenate(parts) for parts in zip(*self._queue))
+        dev, host, sdev, shost = (np.concatenate(parts) for parts in zip(*map(dataclasses.astuple, self._queue.values())))
         pages = {self.anchor: (dev, host)}
-        if sdev.size:
-            pages[self.swa] = (sdev, shost)
+        if (sdev != ABSENT).any():
+            pages[self.swa] = (sdev[sdev != ABSENT], shost[sdev != ABSENT])
         plan = make_plan(self.layout, Direction.BACKUP, pages)
         batch = BackupBatch(self._open_ack, plan, int(dev.size) * self.page_size)
         self._queue.clear()
@@ -154,11 +180,16 @@ class WritePath:
                 self._offer_leaf(node)
 
     def _detach_write(self, node: Node) -> None:
-        """`node` leaves its pending write: its host pages are freed when the write ends."""
+        """`node` leaves its pending write: its queued copy is dropped, or, once dispatched,
+        its host pages are freed when the write ends."""
         write = self._writes[node.write_id]
         write.nodes.discard(node)
+        dispatched = self._queue.pop(node, None) is None
         for allocator, pages in self._host_pages(node).items():
-            write.zombie_host.setdefault(allocator, []).extend(pages.tolist())
+            if dispatched:             # its DMA may still land there: free when the write ends
+                write.zombie_host.setdefault(allocator, []).extend(pages.tolist())
+            else:                      # never dispatched: nothing will touch them
+                self.host[allocator].free(pages)
         node.host = node.swa_host = None
         node.write_id = None
 

@@ -142,3 +142,22 @@ def test_unbacked_write_through_eviction_is_counted():
     assert res.dropped_tokens == 2 * P
     assert dict(c.dropped) == {"write_through_unbacked_eviction": 2 * P}
     c.check_invariants()
+
+
+def test_queued_copies_dropped_before_dispatch_release_everything():
+    """A failed batch whose subtree was queued in the next, not yet dispatched, batch: those
+    copies are dropped (their host pages freed at once), never merged twice, locks released."""
+    c = core("tiny_v4", dev=4, host=4, swa_dev=3, swa_host=3)
+    a, _ = put(c, seq(0))
+    first = c.take_backup_batch()                    # a's copy is in flight
+    b, _ = put(c, seq(0, 0))                         # b's copy is queued (not dispatched)
+    c.fail_backup(first.ack_id)                      # a unbacked: b's queued copy must go too
+    c.check_invariants()
+    assert c.node(b.node).state is Residency.DEVICE and c.host["kv"].num_free == 4
+    assert c.take_backup_batch() is None and c.node(b.node).lock_ref == 0
+    put(c, seq(0, 0))                                # both hit again: one copy each
+    batch = c.take_backup_batch()
+    assert sorted(batch.plan.batch("kv").device_pages.tolist()) == sorted(
+        c.node(a.node).device.tolist() + c.node(b.node).device.tolist())
+    c.ack_backup(batch.ack_id)
+    c.check_invariants()
