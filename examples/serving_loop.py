@@ -4,7 +4,7 @@ One request = a prompt plus `gen` greedy tokens. Every forward is one page-align
 (`model.forward_chunk`), prefill and decode alike, so each token's state is the same
 function of the token history wherever that history came from. With the cache:
 
-    match -> lock -> load_back + wait (host hit) -> alloc the rest -> prefill + decode
+    acquire (match, lock, load back a host hit) -> alloc the rest -> prefill + decode
           -> insert whole pages (with their SWA pages) -> free the rest -> unlock -> step
 """
 from __future__ import annotations
@@ -83,17 +83,10 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     seq = np.concatenate([prompt, np.asarray(out.tokens, np.int32)]).astype(np.int32)
     t0 = time.perf_counter()
     cache.step()               # apply what completed since the last request
-    m = cache.match_prefix(seq)
-    lock = cache.lock(m.device_node)
-    usable, table, window = m.device_len, m.device_pages, m.swa_pages
-    if m.host_len:
-        lb = cache.load_back(m)
-        if lb.started and cache.wait(lb):
-            cache.unlock(lock)
-            lock = cache.lock(lb.node)
-            usable, table, window = lb.total_len, lb.device_pages, lb.swa_pages
-            out.host_hit += usable - m.device_len
-    out.device_hit += m.device_len
+    prefix = cache.acquire(seq)
+    usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
+    out.device_hit += prefix.device_tokens
+    out.host_hit += prefix.host_tokens
     first, total = usable // P, -(-(len(prompt) + gen) // P)
     need = (total - first, total - first if cache.core.swa else 0)
     grant = cache.alloc(*need)
@@ -130,7 +123,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     unused_swa = [p for p in swa_new if p not in keep.values()]
     if unused_swa:
         cache.free(cache.core.swa, unused_swa)
-    cache.unlock(lock)
+    cache.unlock(prefix.lock)
     cache.step()
     return out
 

@@ -15,6 +15,7 @@ from hicache_jax.tree import MatchResult
 _LAZY: dict[str, str] = {
     "HiCache": "hicache_jax.cache",
     "LoadBack": "hicache_jax.cache",
+    "Prefix": "hicache_jax.cache",
     "StepReport": "hicache_jax.cache",
     "CacheStats": "hicache_jax.metrics",
 }

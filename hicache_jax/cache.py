@@ -54,6 +54,24 @@ class LoadBack:
         return self.refused is None
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
+class Prefix:
+    """A prompt's usable cached prefix, pinned on device until `cache.unlock(prefix.lock)`.
+
+    `length` tokens (page-aligned) whose anchor pages are `device_pages` and whose trailing
+    window's SWA pages are `swa_pages`; `device_tokens` of them were already on device,
+    `host_tokens` were loaded back. `refused` says why a host hit was not loaded, if so.
+    """
+
+    length: int
+    device_pages: np.ndarray
+    swa_pages: np.ndarray
+    lock: LockId
+    device_tokens: int
+    host_tokens: int
+    refused: Refusal | None = None
+
+
 @dataclasses.dataclass(frozen=True)
 class StepReport:
     dispatched_backup_tokens: int
@@ -137,17 +155,29 @@ class HiCache:
         if not isinstance(job, LoadJob):
             self.tally.refusals[job.value] += 1
             return self._checked(self._refused(match, job))
-        try:
-            self._pools, handle = self.engine.start(job.plan, self._pools)
-        except Exception:
-            log.exception("load-back %d failed to start; the request recomputes", job.load_id)
-            self.core.fail_load(job.load_id)
-            self.tally.failures[("load", "start")] += 1
+        if not self._start(Direction.LOAD, job.load_id, job.plan, host_tokens=job.total_len - match.device_len):
             return self._checked(self._refused(match, Refusal.FAILED))
-        self._inflight.append(_InFlight(Direction.LOAD, job.load_id, job.plan, handle, self._clock(),
-                                        host_tokens=job.total_len - match.device_len))
         return self._checked(LoadBack(job.load_id, None, job.total_len, job.loaded_tokens,
                                       job.device_pages, job.swa_pages, job.node))
+
+    def acquire(self, tokens, load_back: bool = True) -> Prefix:
+        """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
+
+        Blocks only while its own load-back is in flight; a loop that serves other requests
+        meanwhile uses `match_prefix` / `load_back` / `step` itself. A failed or refused
+        load leaves the device part of the match, still pinned.
+        """
+        m = self.match_prefix(tokens)
+        lock = self.lock(m.device_node)
+        refused = None
+        if load_back and m.host_len:
+            lb = self.load_back(m)
+            if lb.started and self.wait(lb):
+                self.unlock(lock)
+                return Prefix(lb.total_len, lb.device_pages, lb.swa_pages, self.lock(lb.node),
+                              m.device_len, lb.total_len - m.device_len)
+            refused = lb.refused or Refusal.FAILED
+        return Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0, refused)
 
     def _refused(self, match: MatchResult, why: Refusal) -> LoadBack:
         return LoadBack(None, why, match.device_len, 0, match.device_pages, match.swa_pages, match.device_node)
@@ -250,17 +280,27 @@ class HiCache:
 
     def _dispatch_backups(self) -> int:
         batch = self.core.take_backup_batch()
-        if batch is None:
+        if batch is None or not self._start(Direction.BACKUP, batch.ack_id, batch.plan):
             return 0
-        try:
-            self._pools, handle = self.engine.start(batch.plan, self._pools)
-        except Exception:
-            log.exception("backup %d failed to start; its nodes stay device-only", batch.ack_id)
-            self.core.fail_backup(batch.ack_id)
-            self.tally.failures[("backup", "start")] += 1
-            return 0
-        self._inflight.append(_InFlight(Direction.BACKUP, batch.ack_id, batch.plan, handle, self._clock()))
         return batch.tokens
+
+    def _start(self, kind: Direction, ident: int, plan: TransferPlan, host_tokens: int = 0) -> bool:
+        """Dispatch a transfer the tree has committed; if the engine raises, end it as failed."""
+        try:
+            self._pools, handle = self.engine.start(plan, self._pools)
+        except Exception:
+            log.exception("%s %d failed to start", kind.value, ident)
+            self._fail(kind, ident, "start")
+            return False
+        self._inflight.append(_InFlight(kind, ident, plan, handle, self._clock(), host_tokens))
+        return True
+
+    def _fail(self, kind: Direction, ident: int, cause: str) -> None:
+        """The tree takes the transfer back (its nodes return to a consistent state); counted."""
+        (self.core.fail_backup if kind is Direction.BACKUP else self.core.fail_load)(ident)
+        self.tally.failures[(kind.value, cause)] += 1
+        if kind is Direction.LOAD and cause != "start":   # a started load's `wait` reports it
+            self._failed_loads.add(ident)
 
     def _complete(self, entry: _InFlight, blocking: bool) -> bool | None:
         """Apply `entry`'s completion if it has one: True done, False failed, None pending."""
@@ -279,14 +319,10 @@ class HiCache:
         if cause is None and not done:
             return None
         self._inflight.remove(entry)
-        backup = entry.kind is Direction.BACKUP
         if cause is not None:
-            (self.core.fail_backup if backup else self.core.fail_load)(entry.ident)
-            self.tally.failures[(entry.kind.value, cause)] += 1
-            if not backup:
-                self._failed_loads.add(entry.ident)
+            self._fail(entry.kind, entry.ident, cause)
             return False
-        (self.core.ack_backup if backup else self.core.finish_load)(entry.ident)
+        (self.core.ack_backup if entry.kind is Direction.BACKUP else self.core.finish_load)(entry.ident)
         self._account(entry)
         return True
 

@@ -74,56 +74,37 @@ class StatsCollector:
 
     def collect(self):
         s: CacheStats = self._snapshot()
-        hit = CounterMetricFamily("hicache_hit_tokens", "Prompt tokens served from the cache, by tier", labels=["tier"])
-        hit.add_metric(["device"], s.device_hit_tokens)
-        hit.add_metric(["host"], s.host_hit_tokens)
-        yield hit
+        C, G = CounterMetricFamily, GaugeMetricFamily
+        for cls, name, doc, label, values in (
+            (C, "hicache_hit_tokens", "Prompt tokens served from the cache, by tier", "tier",
+             {"device": s.device_hit_tokens, "host": s.host_hit_tokens}),
+            (C, "hicache_backup_tokens", "Tokens backed up device->host, per pool", "pool", s.backup_tokens),
+            (C, "hicache_backup_bytes", "Bytes backed up device->host, per pool", "pool", s.backup_bytes),
+            (C, "hicache_load_back_tokens", "Tokens loaded back host->device, per pool", "pool", s.load_tokens),
+            (C, "hicache_load_back_bytes", "Bytes loaded back host->device, per pool", "pool", s.load_bytes),
+            (C, "hicache_evicted_tokens", "Anchor tokens evicted, by tier", "tier", s.evicted_tokens),
+            (C, "hicache_transfers", "Completed transfers", "direction", s.transfers),
+            (C, "hicache_transfer_failures", "Failed transfers (direction/cause)", "kind", s.failures),
+            (C, "hicache_load_back_refused", "Load-backs not started, by reason", "reason", s.load_refusals),
+            (G, "hicache_host_used_bytes", "Host bytes holding cached pages, per pool", "pool", s.host_used_bytes),
+            (G, "hicache_host_capacity_bytes", "Host bytes of the pool", "pool", s.host_capacity_bytes),
+            (G, "hicache_device_used_bytes", "Device bytes in use (cached, held, in flight), per pool", "pool",
+             s.device_used_bytes),
+            (G, "hicache_device_capacity_bytes", "Device bytes of the pool", "pool", s.device_capacity_bytes),
+            (G, "hicache_transfers_in_flight", "Transfers dispatched, not yet complete", "direction", s.in_flight),
+        ):
+            fam = cls(name, doc, labels=[label])
+            for key, v in sorted(values.items()):
+                fam.add_metric([key], v)
+            yield fam
         yield CounterMetricFamily("hicache_miss_tokens", "Matched prompt tokens the cache could not serve",
                                   value=s.miss_tokens)
-        for name, doc, values in (
-            ("hicache_backup_tokens", "Tokens backed up device->host, per pool", s.backup_tokens),
-            ("hicache_backup_bytes", "Bytes backed up device->host, per pool", s.backup_bytes),
-            ("hicache_load_back_tokens", "Tokens loaded back host->device, per pool", s.load_tokens),
-            ("hicache_load_back_bytes", "Bytes loaded back host->device, per pool", s.load_bytes),
-        ):
-            fam = CounterMetricFamily(name, doc, labels=["pool"])
-            for pool, v in sorted(values.items()):
-                fam.add_metric([pool], v)
-            yield fam
         dropped = CounterMetricFamily("hicache_dropped_tokens", "Device tokens destroyed without a host copy",
                                       labels=["pool", "reason"])
         for pool, reasons in sorted(s.dropped_tokens.items()):
             for reason, v in sorted(reasons.items()):
                 dropped.add_metric([pool, reason], v)
         yield dropped
-        evicted = CounterMetricFamily("hicache_evicted_tokens", "Anchor tokens evicted, by tier", labels=["tier"])
-        for tier, v in sorted(s.evicted_tokens.items()):
-            evicted.add_metric([tier], v)
-        yield evicted
-        for name, doc, values, label in (
-            ("hicache_transfers", "Completed transfers", s.transfers, "direction"),
-            ("hicache_transfer_failures", "Failed transfers (direction/cause)", s.failures, "kind"),
-            ("hicache_load_back_refused", "Load-backs not started, by reason", s.load_refusals, "reason"),
-        ):
-            fam = CounterMetricFamily(name, doc, labels=[label])
-            for k, v in sorted(values.items()):
-                fam.add_metric([k], v)
-            yield fam
-        for name, doc, values in (
-            ("hicache_host_used_bytes", "Host bytes holding cached pages, per pool", s.host_used_bytes),
-            ("hicache_host_capacity_bytes", "Host bytes of the pool", s.host_capacity_bytes),
-            ("hicache_device_used_bytes", "Device bytes in use (cached, held, in flight), per pool", s.device_used_bytes),
-            ("hicache_device_capacity_bytes", "Device bytes of the pool", s.device_capacity_bytes),
-        ):
-            fam = GaugeMetricFamily(name, doc, labels=["pool"])
-            for pool, v in sorted(values.items()):
-                fam.add_metric([pool], v)
-            yield fam
-        inflight = GaugeMetricFamily("hicache_transfers_in_flight", "Transfers dispatched, not yet complete",
-                                     labels=["direction"])
-        for d, v in sorted(s.in_flight.items()):
-            inflight.add_metric([d], v)
-        yield inflight
         hist = HistogramMetricFamily("hicache_transfer_seconds", "Transfer time, start to observed completion",
                                      labels=["direction"])
         for direction, counts in sorted(self._histograms().items()):

@@ -9,7 +9,6 @@ from pallas_kernels.indices import PAD, check_indices
 from pallas_kernels.row_layout import DEFAULT_BLOCK_BYTES, RowLayout, Segment, row_layout, source_dims
 from pallas_kernels.scatter import scatter_pages, scatter_pages_reference
 from pallas_kernels._sources import IMPLS
-from pallas_kernels import _triton_offsets
 
 __all__ = [
     "DEFAULT_BLOCK_BYTES", "IMPLS", "PAD", "RowLayout", "Segment", "check_indices", "gather_pages",

@@ -50,7 +50,7 @@ def gather_pages(
     indices = jnp.asarray(indices, jnp.int32)
     flat = [_sources.flat(s) for s in sources]
     rows = into.shape[0] if into is not None else n
-    kernel = functools.partial(_gather_kernel, layout, len(flat), into is not None)
+    kernel = functools.partial(_gather_kernel, layout, len(flat))
     call = pl.pallas_call(
         kernel,
         grid=(layout.num_blocks, n),
@@ -63,7 +63,8 @@ def gather_pages(
     return call(*args)
 
 
-def _gather_kernel(layout: RowLayout, num_sources: int, aliased: bool, idx_ref, *refs):
+def _gather_kernel(layout: RowLayout, num_sources: int, idx_ref, *refs):
+    # refs: the sources, then the aliased `into` buffer if given (never read), then the output
     src_refs, out_ref = refs[:num_sources], refs[-1]
     j, i = pl.program_id(0), pl.program_id(1)
     page = jnp.maximum(idx_ref[i], 0)  # PAD reads page 0

@@ -86,9 +86,6 @@ class PageAllocator:
         """All free pages, ascending (for invariant checks; O(capacity))."""
         return np.flatnonzero(self._is_free).astype(np.int32)
 
-    def is_free(self, pages: np.ndarray) -> np.ndarray:
-        return self._is_free[np.asarray(pages, dtype=np.int64)]
-
     def num_runs(self) -> int:
         return len(self._run_len)
 

@@ -42,10 +42,6 @@ class Node:
     def __repr__(self) -> str:
         return f"Node({self.id}, {self.state.value}, {len(self.tokens)} tokens, lock={self.lock_ref})"
 
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None
-
     def apply(self, event: Event) -> None:
         self.state = transition(self.state, event)
 

@@ -71,19 +71,11 @@ class Driver:
         """Serve one prompt of `blocks` pages (+1 token); returns the tokens served from the cache."""
         c = self.cache
         tokens = np.concatenate([seq(blocks), np.asarray([7], np.int32)])
-        m = c.match_prefix(tokens)
-        lock = c.lock(m.device_node)
-        usable, table, window = m.device_len, m.device_pages, m.swa_pages
-        self.verify(blocks, table, window)
-        if load and m.host_len:
-            lb = c.load_back(m)
-            if lb.started and c.wait(lb):
-                c.unlock(lock)
-                lock = c.lock(lb.node)
-                usable, table, window = lb.total_len, lb.device_pages, lb.swa_pages
-                self.host_hits += usable - m.device_len
-                self.verify(blocks, table, window)
-        self.device_hits += m.device_len
+        prefix = c.acquire(tokens, load_back=load)
+        usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
+        self.verify(blocks, table, window)          # every served page, device or host
+        self.host_hits += prefix.host_tokens
+        self.device_hits += prefix.device_tokens
         first, n = usable // P, len(blocks)
         swa = c.core.swa
         grant = c.alloc(n - first, (n - first) if swa else 0)
@@ -100,6 +92,6 @@ class Driver:
                 c.free(swa, drop)
         self.write(writes)
         c.insert(seq(blocks), list(table) + new, keep)
-        c.unlock(lock)
+        c.unlock(prefix.lock)
         c.step()
         return usable

@@ -121,3 +121,22 @@ def test_cost_model_skips_loads_slower_than_recompute():
     costly = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, recompute_seconds_per_token=1e-6))
     lb = costly.load_back(host_hit(costly))
     assert lb.started and costly.wait(lb)
+
+
+def test_acquire_pins_the_prefix_and_reports_refusals():
+    lay = layout("tiny_gqa")        # no SWA window: the FULL threshold alone decides
+    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, check_invariants=True,
+                                         load_back_threshold=4 * P))
+    Driver(c).request([0, 1, 2])
+    c.drain()
+    c.evict(3)
+    tokens = np.concatenate([seq([0, 1, 2]), [7]])
+    p = c.acquire(tokens)                       # 768 host tokens < threshold 1024, no window: refused
+    assert (p.length, p.host_tokens, p.refused) == (0, 0, hc.tree.Refusal.BELOW_THRESHOLD)
+    c.unlock(p.lock)
+    c.core.load_back_threshold = 10
+    p = c.acquire(tokens)
+    assert (p.length, p.host_tokens, p.device_tokens, p.refused) == (3 * P, 3 * P, 0, None)
+    assert c.evict(3).device_pages == 0         # pinned while acquired
+    c.unlock(p.lock)
+    assert c.evict(3).device_pages == 3
