@@ -90,9 +90,6 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     first, total = usable // P, -(-(len(prompt) + gen) // P)
     need = (total - first, total - first if cache.core.swa else 0)
     grant = cache.alloc(*need)
-    if grant is None:          # pages pinned by backups in flight: let them land, then retry
-        cache.drain()
-        grant = cache.alloc(*need)
     if grant is None:
         raise RuntimeError(f"device pool too small for a request of {total} pages")
     new = grant["kv"].tolist()

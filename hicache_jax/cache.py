@@ -6,7 +6,9 @@ already free and are dispatched at once, before anything can write those pages a
 load-backs are dispatched at `load_back`. Completions are applied only in `step()` /
 `wait()`, the one place where in-flight state ends. Device work is ordered: a model step
 that reads `device_pools` after `load_back` sees the loaded pages, and a backup's reads
-happen before any later step writes, so no call here blocks on a transfer except `wait`.
+happen before any later step writes, so no call here blocks on a transfer except `wait`,
+`drain`, and `acquire` / `alloc` when the only room left is pinned by backups in flight
+(a slow link must not turn into a refusal a fast one would not have given).
 
 Serving-loop contract (see README): match -> lock -> (load_back -> wait) -> alloc -> model
 steps with `device_pools` / `set_device_pools` -> insert + free -> unlock; `step()` once
@@ -147,11 +149,19 @@ class HiCache:
         """
         if not isinstance(match, MatchResult):
             raise ValueError(f"load_back takes a MatchResult, got {type(match).__name__}")
+        return self._load_back(match, patient=False)
+
+    def _load_back(self, match: MatchResult, patient: bool) -> LoadBack:
+        """`load_back`; when `patient`, backups in flight that pin the room it needs, or are
+        still writing its host copy, are waited for rather than refused."""
         if self._not_worth_it(match):
             self.tally.refusals[Refusal.NOT_WORTH_IT.value] += 1
             return self._checked(self._refused(match, Refusal.NOT_WORTH_IT))
         job = self.core.start_load(match)
         self._flush_demotions()
+        if job in (Refusal.NO_DEVICE_SPACE, Refusal.PENDING) and patient and self._land_backups():
+            job = self.core.start_load(match)
+            self._flush_demotions()
         if not isinstance(job, LoadJob):
             self.tally.refusals[job.value] += 1
             return self._checked(self._refused(match, job))
@@ -163,15 +173,16 @@ class HiCache:
     def acquire(self, tokens, load_back: bool = True) -> Prefix:
         """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
 
-        Blocks only while its own load-back is in flight; a loop that serves other requests
-        meanwhile uses `match_prefix` / `load_back` / `step` itself. A failed or refused
-        load leaves the device part of the match, still pinned.
+        Blocks while its own load-back is in flight, and for backups in flight when they
+        pin the only room for it or still write its host copy; a loop that serves other requests meanwhile
+        uses `match_prefix` / `load_back` / `step` itself. A failed or refused load leaves
+        the device part of the match, still pinned.
         """
         m = self.match_prefix(tokens)
         lock = self.lock(m.device_node)
         refused = None
         if load_back and m.host_len:
-            lb = self.load_back(m)
+            lb = self._load_back(m, patient=True)
             if lb.started and self.wait(lb):
                 self.unlock(lock)
                 return Prefix(lb.total_len, lb.device_pages, lb.swa_pages, self.lock(lb.node),
@@ -206,7 +217,12 @@ class HiCache:
     def alloc(self, pages: int, swa_pages: int = 0) -> dict[str, np.ndarray] | None:
         """Held device pages for a request: {allocator: i32[n]} (the SWA pool's entry present
         whenever the layout has one), or None when even eviction cannot free enough (nothing
-        taken)."""
+        taken).
+
+        Pages under a backup cannot be evicted until it lands; when they are what stands in
+        the way, this waits for the backups in flight (dispatching queued ones first) and
+        tries once more, so the answer does not depend on how fast the link is.
+        """
         need = {self.core.anchor: pages}
         if self.core.swa is not None:
             need[self.core.swa] = swa_pages
@@ -214,7 +230,18 @@ class HiCache:
             raise ValueError(f"swa_pages={swa_pages} but this layout has no SWA pool")
         got = self.core.alloc_device(need)
         self._flush_demotions()
+        if got is None and self._land_backups():
+            got = self.core.alloc_device(need)
+            self._flush_demotions()
         return self._checked(got)
+
+    def _land_backups(self) -> bool:
+        """Dispatch queued backups and wait for all in flight; False when there were none."""
+        self._dispatch_backups()
+        backups = [e for e in self._inflight if e.kind is Direction.BACKUP]
+        for entry in backups:
+            self._complete(entry, blocking=True)
+        return bool(backups)
 
     def free(self, allocator: str, pages) -> None:
         self.core.free_device(allocator, pages)

@@ -32,14 +32,28 @@ class HangingHandle:
         raise InjectedFailure("injected: waited on a transfer that never completes")
 
 
+class SlowHandle:
+    """A transfer that is never seen done by polling, only by waiting: a slow link."""
+
+    def __init__(self, handle):
+        self.handle, self.plan, self.nbytes, self.seconds = handle, handle.plan, handle.nbytes, None
+
+    def done(self):
+        return False
+
+    def wait(self):
+        self.handle.wait()
+
+
 class FaultyEngine:
     """Delegates to a real engine; `fail_start`, `fail_done` and `hang` hold directions
     ("backup"/"load") whose next transfer raises at start, fails at completion (leaving
-    garbage where it wrote), or never completes."""
+    garbage where it wrote), or never completes; every transfer of a direction in `slow`
+    completes only when waited on."""
 
     def __init__(self, engine):
         self.engine = engine
-        self.fail_start, self.fail_done, self.hang = set(), set(), set()
+        self.fail_start, self.fail_done, self.hang, self.slow = set(), set(), set(), set()
         self.started = []
 
     def __getattr__(self, name):
@@ -60,6 +74,8 @@ class FaultyEngine:
         if d in self.hang:
             self.hang.discard(d)
             return pools, HangingHandle(plan)
+        if d in self.slow:
+            return pools, SlowHandle(handle)
         return pools, handle
 
     def _spoil(self, plan, pools):

@@ -100,3 +100,23 @@ def test_ack_that_never_comes_times_out():
     assert cache.evict(3).device_pages == 3 and cache.core.device["kv"].num_free == locked + 3
     churn(d)
     empty_everything(cache)
+
+
+@pytest.mark.parametrize("name", ["tiny_v4", "tiny_gqa"])
+@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+def test_slow_link_backups_never_starve_alloc(name, policy):
+    """Backups that have not landed by the next request pin their pages (write-through) or
+    still write the host copy a request matches; `alloc` and `acquire` wait for them
+    instead of answering what a faster link would not have."""
+    cache, faulty, d = make(name, policy, device=4)
+    faulty.slow.add("backup")
+    for conv in ([0, 1, 2], [1, 2, 3], [2, 3, 0], [0, 1, 2], [3, 0, 1]):
+        d.request(conv, swa_every=True)         # each takes 3 of the 4 pages: the previous one must go
+    assert cache.stats().in_flight["backup"] >= 1
+    if policy == "write_through":               # [0, 1, 2] came back from the host
+        assert d.host_hits == 3 * 256
+    cache.drain()
+    before = d.host_hits
+    d.request([2, 3, 0], swa_every=True)
+    assert d.host_hits - before == 3 * 256 and cache.stats().host_hit_tokens == d.host_hits
+    empty_everything(cache)
