@@ -15,16 +15,15 @@ prints a table.
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import os
 import sys
 import time
-import traceback
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -36,164 +35,49 @@ from hicache_jax.config import model_config_from_dict  # noqa: E402
 from hicache_jax.plan import make_plan  # noqa: E402
 from hicache_jax.transfer import TransferEngine, hlo_host_ops  # noqa: E402
 from hicache_jax.transfer.host_check import HLO_HOST_OK  # noqa: E402
+from transfer_common import Bench, Contiguous, gbps, median_s, per_page, random_pools, run_pair  # noqa: E402
+from transfer_kernels import kernel_correctness, kernel_section  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 REAL_GQA = {"name": "gqa-32x8x128", "model_type": "gqa", "num_hidden_layers": 32, "num_key_value_heads": 8,
             "head_dim": 128, "page_size": 256, "kv_dtype": "bfloat16"}
 
 
-class Bench:
-    def __init__(self, out: str, smoke: bool, budget_s: float):
-        self.out, self.smoke = out, smoke
-        self.t0 = time.perf_counter()
-        self.budget_s = budget_s
-        self.results: dict = {"env": env_info(), "sweeps": {}, "errors": {}}
-        self.block_bytes = pk.DEFAULT_BLOCK_BYTES
-        self.kernels = "auto"
-
-    def section(self, name, fn, *args):
-        left = self.budget_s - (time.perf_counter() - self.t0)
-        if left < 30:
-            self.results["errors"][name] = f"skipped: {left:.0f} s of the time budget left"
-            return
-        print(f"== {name} ({time.perf_counter() - self.t0:.0f} s)", flush=True)
-        try:
-            fn(self, *args)
-        except Exception:
-            self.results["errors"][name] = traceback.format_exc()[-3000:]
-            print(self.results["errors"][name], flush=True)
-        gc.collect()
-        self.save()
-
-    def save(self):
-        os.makedirs(self.out, exist_ok=True)
-        with open(os.path.join(self.out, "transfer.json"), "w") as f:
-            json.dump(self.results, f, indent=1, default=str)
-
-    def reps(self, pages):
-        if self.smoke:
-            return 1
-        return 20 if pages <= 16 else (8 if pages <= 256 else 4)
+def first_device():
+    d = jax.devices()[0]
+    return SingleDeviceSharding(d), SingleDeviceSharding(d, memory_kind="pinned_host")
 
 
-def env_info() -> dict:
-    dev = jax.devices()[0]
-    return {"jax": jax.__version__, "backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
-            "num_devices": jax.device_count(), "date": time.strftime("%Y-%m-%d"),
-            "memories": [m.kind for m in dev.addressable_memories()]}
+def reference(nbytes: int, pages: int, mesh=None) -> Contiguous:
+    """A contiguous array of the same bytes; on a mesh, split over the ranks like the tp host buffer."""
+    if mesh is None:
+        return Contiguous((nbytes,), *first_device())
+    tp = mesh.shape["tp"]
+    row = nbytes // pages
+    return Contiguous((pages, row // tp * tp), NamedSharding(mesh, P(None, "tp")),
+                      NamedSharding(mesh, P(None, "tp"), memory_kind="pinned_host"))
 
 
-def median_s(fn, reps: int, warm: int = 1) -> float:
-    for _ in range(warm):
-        fn()
-    ts = []
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t)
-    return float(np.median(ts))
-
-
-def random_pools(engine: TransferEngine, seed: int) -> dict:
-    pools = engine.init_device_pools()
-    out = {}
-    for i, (name, x) in enumerate(pools.items()):
-        bits = jnp.uint8 if x.dtype.itemsize == 1 else jnp.uint16  # random bytes, whatever the dtype
-        fill = jax.jit(lambda k, s=x.shape, d=x.dtype, b=bits: jax.lax.bitcast_convert_type(jax.random.bits(k, s, b), d),
-                       out_shardings=x.sharding)
-        out[name] = fill(jax.random.key(seed + i))
-    del pools
-    jax.block_until_ready(out)
-    return out
-
-
-def pages_equal(pools: dict, names, a: np.ndarray, b: np.ndarray) -> bool:
-    """Pages `a` and `b` hold the same bytes in every pool named (checked on the device)."""
-    ok = True
-    for n in names:
-        x = pools[n]
-        bits = jnp.uint8 if x.dtype.itemsize == 1 else jnp.uint16  # compare bits: random bf16 holds NaNs
-        same = jax.jit(lambda x, a, b: jnp.all(jax.lax.bitcast_convert_type(x[:, a], bits)
-                                               == jax.lax.bitcast_convert_type(x[:, b], bits)))
-        ok &= bool(same(x, a, b))
-    return ok
-
-
-def run_pair(engine, pools, layout, alloc_pages: dict, rng, device_total: dict, host_total: dict, reps: int,
-             fragmented: bool = False):
-    """Back up random device pages, load them into other random pages; time both and check bytes."""
-    src, dst, host = {}, {}, {}
-    for a, n in alloc_pages.items():
-        perm = rng.permutation(device_total[a])
-        src[a], dst[a] = perm[:n].astype(np.int32), perm[n:2 * n].astype(np.int32)
-        if fragmented:
-            host[a] = np.sort(rng.choice(host_total[a], n, replace=False)).astype(np.int32)
-        else:
-            start = int(rng.integers(0, host_total[a] - n + 1))
-            host[a] = np.arange(start, start + n, dtype=np.int32)
-    backup = make_plan(layout, "backup", {a: (src[a], host[a]) for a in alloc_pages})
-    load = make_plan(layout, "load", {a: (dst[a], host[a]) for a in alloc_pages})
-    state = {"pools": pools}
-    dispatch = []
-
-    def do(plan):
-        t = time.perf_counter()
-        state["pools"], h = engine.start(plan, state["pools"])
-        dispatch.append(time.perf_counter() - t)
-        h.wait()
-
-    t_b = median_s(lambda: do(backup), reps)
-    t_l = median_s(lambda: do(load), reps)
-    ok = all(pages_equal(state["pools"], backup.batch(a).pools, src[a], dst[a]) for a in alloc_pages)
-    runs = sum(len(backup.batch(a).host_runs) for a in alloc_pages)
-    return state["pools"], dict(nbytes=backup.nbytes(layout), backup_s=t_b, load_s=t_l, exact=ok, host_runs=runs,
-                                dispatch_ms_median=1e3 * float(np.median(dispatch)))
-
-
-def contiguous(nbytes: int, reps: int, sharding_dev, sharding_host, shape=None):
-    shape = shape or (nbytes,)
-    x = jax.jit(lambda: jnp.ones(shape, jnp.uint8), out_shardings=sharding_dev)()
-    hx = jax.device_put(x, sharding_host)
-    hx.block_until_ready()
-    d2h = median_s(lambda: jax.device_put(x, sharding_host).block_until_ready(), reps)
-    h2d = median_s(lambda: jax.device_put(hx, sharding_dev).block_until_ready(), reps)
-    return d2h, h2d
-
-
-def per_page(pages: int, row_bytes: int, reps: int, dev, host):
-    x = [jax.device_put(jnp.full((row_bytes,), i % 251, jnp.uint8), dev) for i in range(pages)]
-    hx = jax.device_put(x, [host] * pages)
-    jax.block_until_ready(hx)
-    d2h = median_s(lambda: jax.block_until_ready(jax.device_put(x, [host] * pages)), reps)
-    h2d = median_s(lambda: jax.block_until_ready(jax.device_put(hx, [dev] * pages)), reps)
-    return d2h, h2d
+def paired(bench: Bench, engine, pools, layout, alloc_pages: dict, rng, device_total, host_total, mesh=None, **kw):
+    """`run_pair` with a contiguous reference of the same bytes, timed round by round beside it."""
+    nbytes = sum(layout.page_bytes_of(a) * n for a, n in alloc_pages.items())  # the pages' bytes, no padding
+    n = sum(alloc_pages.values())
+    ref = reference(nbytes, n, mesh)
+    pools, r = run_pair(engine, pools, layout, alloc_pages, rng, device_total, host_total, bench.reps(n),
+                        reference=ref, **kw)
+    del ref
+    return pools, r
 
 
 def sweep(bench: Bench, name: str, engine, pools, layout, alloc: str, pages_list, device_total, host_total,
           baselines: bool = True, mesh=None):
     rng = np.random.default_rng(1)
     rows = []
-    dev = SingleDeviceSharding(jax.devices()[0])
-    hst = SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
     for n in pages_list:
-        reps = bench.reps(n)
-        pools, r = run_pair(engine, pools, layout, {alloc: n}, rng, device_total, host_total, reps)
-        row = {"pages": n, "MB": r["nbytes"] / 1e6, "exact": r["exact"], "backup_ms": 1e3 * r["backup_s"],
-               "load_ms": 1e3 * r["load_s"], "dispatch_ms": r["dispatch_ms_median"],
-               "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9, "load_gbps": r["nbytes"] / r["load_s"] / 1e9}
-        if mesh is not None:  # the same bytes, split over the ranks like the tp host buffer
-            tp = mesh.shape["tp"]
-            rows_bytes = r["nbytes"] // n
-            d2h, h2d = contiguous(0, reps, NamedSharding(mesh, P(None, "tp")),
-                                  NamedSharding(mesh, P(None, "tp"), memory_kind="pinned_host"),
-                                  shape=(n, rows_bytes // tp * tp))
-        else:
-            d2h, h2d = contiguous(r["nbytes"], reps, dev, hst)
-        row.update(contig_d2h_gbps=r["nbytes"] / d2h / 1e9, contig_h2d_gbps=r["nbytes"] / h2d / 1e9)
-        row.update(backup_ratio=row["backup_gbps"] / row["contig_d2h_gbps"],
-                   load_ratio=row["load_gbps"] / row["contig_h2d_gbps"])
+        pools, r = paired(bench, engine, pools, layout, {alloc: n}, rng, device_total, host_total, mesh)
+        row = {"pages": n, "MB": r["nbytes"] / 1e6, "backup_ms": 1e3 * r["backup_s"], "load_ms": 1e3 * r["load_s"],
+               **gbps(r)}
         if baselines and mesh is None:
-            pd2h, ph2d = per_page(n, r["nbytes"] // n, reps, dev, hst)
+            pd2h, ph2d = per_page(n, r["nbytes"] // n, bench.reps(n), *first_device())
             row.update(perpage_d2h_gbps=r["nbytes"] / pd2h / 1e9, perpage_h2d_gbps=r["nbytes"] / ph2d / 1e9)
         rows.append(row)
         print(fmt_row(name, row), flush=True)
@@ -225,7 +109,7 @@ def v4_section(bench: Bench, cfg_path: str, kv_pages, swa_pages, kv_max: int, sw
     bench.results["v4_warmup_programs"] = engine.warmup(max_pages=None if not bench.smoke else 1)
     bench.results["v4_warmup_s"] = time.perf_counter() - t
     bench.results["v4_chunk_pages"] = {a: engine.chunk_pages(a) for a in ("kv", "swa")}
-    bench.results["v4_row_bytes"] = {a: engine.host.formats[a].row_bytes for a in ("kv", "swa")}
+    bench.results["v4_row_bytes"] = {a: engine.host.formats[a].row_bytes for a in ("kv", "swa")}  # with padding
     bench.results["kernels"] = engine.kernels
 
     # one page of every pool (kv + swa allocators together): latency
@@ -250,25 +134,22 @@ def v4_section(bench: Bench, cfg_path: str, kv_pages, swa_pages, kv_max: int, sw
 
     for n in ([256, 4096] if not bench.smoke else []):
         breakdown(bench, engine, pools, layout, n, dev_total, host_total)
-    # overlap of DMA and pack/unpack inside one program: parts per chunk
-    variants = {}
-    for parts in ([1, 4] if not bench.smoke else []):
+    # overlap of DMA and pack/unpack inside one program: parts per chunk (the default again, for the spread)
+    variants, default = {}, engine._parts
+    for parts in ([1, default, 4, 8] if not bench.smoke else [default]):
         engine._parts = parts
         for n in ([256, 4096] if not bench.smoke else [4]):
-            pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n))
-            variants[f"parts{parts}/n{n}"] = {"exact": r["exact"], "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9,
-                                              "load_gbps": r["nbytes"] / r["load_s"] / 1e9}
+            pools, r = paired(bench, engine, pools, layout, {"kv": n}, rng, dev_total, host_total)
+            variants[f"parts{parts}/n{n}"] = gbps(r)
             print("variant", f"parts{parts}/n{n}", variants[f"parts{parts}/n{n}"], flush=True)
-    engine._parts = 2
+    engine._parts = default
     bench.results["v4_kv_parts"] = variants
     dump_hlo(bench, engine)
 
     # fragmented host runs (random host pages)
     n = kv_pages[-2] if len(kv_pages) > 1 else kv_pages[-1]
-    pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n), fragmented=True)
-    bench.results["v4_kv_fragmented"] = {"pages": n, "host_runs": r["host_runs"], "exact": r["exact"],
-                                         "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9,
-                                         "load_gbps": r["nbytes"] / r["load_s"] / 1e9}
+    pools, r = paired(bench, engine, pools, layout, {"kv": n}, rng, dev_total, host_total, fragmented=True)
+    bench.results["v4_kv_fragmented"] = {"pages": n, "host_runs": r["host_runs"], **gbps(r)}
     print("fragmented:", bench.results["v4_kv_fragmented"], flush=True)
     hlo_report(bench, engine, "v4")
     del pools, engine
@@ -300,19 +181,20 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
     timed("host_slice_only", lambda: sl(engine.host.buffers[a], start).block_until_ready())
     gather = jax.jit(lambda s, i: pk.gather_pages(s, i, impl=engine.kernels, block_bytes=bench.block_bytes))
     timed("gather_kernel", lambda: jax.block_until_ready(gather(args, idx)))
+    where = np.concatenate([idx, start])
     if n <= progs.chunk_pages:
         for parts in (1, 2, 4):
             run = progs.compiled("backup_run", n, min(parts, n))
             load = progs.compiled("load_run", n, min(parts, n))
 
             def b(run=run):
-                engine.host.buffers[a], tok = run(engine.host.buffers[a], args, idx, start)
+                engine.host.buffers[a], tok = run(engine.host.buffers[a], args, where)
                 tok.block_until_ready()
             timed(f"backup_run_p{parts}", b)
             state = {"p": tuple(x + 0 for x in args)}
 
             def l(load=load):
-                state["p"], tok = load(state["p"], engine.host.buffers[a], idx, start)
+                state["p"], tok = load(state["p"], engine.host.buffers[a], where)
                 tok.block_until_ready()
             timed(f"load_run_p{parts}", l)
             del state
@@ -366,14 +248,10 @@ def cap_section(bench: Bench, cfg_path: str, caps, n_list, kv_max: int):
             pools = random_pools(engine, 9)
         rng = np.random.default_rng(4)
         for n in n_list:
-            pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n))
-            out[f"cap{cap >> 20}MiB/n{n}"] = {"chunk_pages": engine.chunk_pages("kv"), "exact": r["exact"],
-                                              "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9,
-                                              "load_gbps": r["nbytes"] / r["load_s"] / 1e9,
-                                              "dispatch_ms": r["dispatch_ms_median"]}
+            pools, r = paired(bench, engine, pools, layout, {"kv": n}, rng, dev_total, host_total)
+            out[f"cap{cap >> 20}MiB/n{n}"] = {"chunk_pages": engine.chunk_pages("kv"), **gbps(r)}
             print("cap", f"{cap >> 20} MiB n={n}", out[f"cap{cap >> 20}MiB/n{n}"], flush=True)
         del engine
-        gc.collect()
     bench.results["v4_kv_caps"] = out
 
 
@@ -409,96 +287,42 @@ def v4_mesh_section(bench: Bench, cfg_path: str, mesh, n: int):
                             kernels=bench.kernels)
     pools = random_pools(engine, 5)
     rng = np.random.default_rng(3)
-    pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n))
+    ref = Contiguous((n * layout.page_bytes_of("kv"),), *first_device())  # the one host copy: GPU 0's link
+    pools, r = run_pair(engine, pools, layout, {"kv": n}, rng, dev_total, host_total, bench.reps(n), reference=ref)
     # every rank holds the same bytes after the load (replicated pools stay replicated)
     same = all(bool(np.array_equal(np.asarray(s.data[:, :2]), np.asarray(pools[p].addressable_shards[0].data[:, :2])))
                for p in ("deepseek_v4_c128",) for s in pools[p].addressable_shards)
-    d2h, h2d = contiguous(r["nbytes"], bench.reps(n), SingleDeviceSharding(jax.devices()[0]),
-                          SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host"))
-    bench.results["v4_mesh"] = {"tp": mesh.shape["tp"], "pages": n, "exact": r["exact"], "ranks_agree": same,
-                                "contig_d2h_gbps": r["nbytes"] / d2h / 1e9, "contig_h2d_gbps": r["nbytes"] / h2d / 1e9,
-                                "backup_gbps": r["nbytes"] / r["backup_s"] / 1e9,
-                                "load_gbps": r["nbytes"] / r["load_s"] / 1e9}
+    bench.results["v4_mesh"] = {"tp": mesh.shape["tp"], "pages": n, "ranks_agree": same, **gbps(r)}
     print("v4 on mesh:", bench.results["v4_mesh"], flush=True)
     del pools, engine
 
 
-def kernel_section(bench: Bench, cfg_path: str, pages: int, counts, blocks):
-    """Pallas vs XLA pack/unpack on the V4 kv pools: layer axis vs one array per layer, block sizes."""
-    layout = hc.build_layout(hc.load_model_config(cfg_path))
-    specs = layout.moving_with("kv")
-    key = jax.random.key(11)
-    axis = [jax.random.bits(jax.random.fold_in(key, i), (s.num_layers, pages, *s.page_shape), jnp.uint8)
-            for i, s in enumerate(specs)]
-    per_layer = [x[l:l + 1] + 0 for x in axis for l in range(x.shape[0])]
-    jax.block_until_ready((axis, per_layer))
-    row = sum(s.num_layers * s.page_bytes for s in specs)
-    impls = ["pallas", "reference"] if jax.default_backend() == "gpu" else ["interpret", "reference"]
-    out = {}
-    rng = np.random.default_rng(2)
-    for n in counts:
-        idx = jnp.asarray(rng.permutation(pages)[:n].astype(np.int32))
-        for impl in impls:
-            for label, srcs in (("layer_axis", axis), ("per_layer", per_layer)):
-                for bb in (blocks if impl != "reference" and label == "layer_axis" else [bench.block_bytes]):
-                    if impl == "reference" and bb != bench.block_bytes:
-                        continue
-                    g = jax.jit(lambda s, i, bb=bb, impl=impl: pk.gather_pages(s, i, impl=impl, block_bytes=bb))
-                    st = g(srcs, idx)
-                    t_g = median_s(lambda: g(srcs, idx).block_until_ready(), bench.reps(n))
-                    sc = jax.jit(lambda s, x, i, bb=bb, impl=impl: pk.scatter_pages(s, x, i, impl=impl, block_bytes=bb),
-                                 donate_argnums=0)
-                    state = {"s": [x + 0 for x in srcs]}
+def alignment_section(bench: Bench, nbytes: int, offsets):
+    """An in-jit copy of `nbytes` contiguous bytes into / out of a pinned host array at byte
+    offsets of every alignment: why host rows are padded (`ROW_ALIGN_BYTES`)."""
+    dev, hst = first_device()
+    host = jax.device_put(np.zeros((nbytes + 8192,), np.uint8), hst)  # (a jit output would lose the memory space)
+    x = jax.jit(lambda: jnp.ones((nbytes,), jnp.uint8), out_shardings=dev)()
+    put = jax.jit(lambda h, x, o: jax.lax.dynamic_update_slice_in_dim(h, jax.device_put(x, jax.memory.Space.Host), o[0], 0),
+                  in_shardings=(hst, dev, dev), out_shardings=hst, donate_argnums=0)
+    get = jax.jit(lambda h, o: jax.device_put(jax.lax.dynamic_slice_in_dim(h, o[0], nbytes, 0), jax.memory.Space.Device),
+                  in_shardings=(hst, dev), out_shardings=dev)
+    ref = Contiguous((nbytes,), dev, hst)
+    state, out = {"h": host}, {}
+    for off in offsets:
+        o = np.array([off], np.int32)
 
-                    def run():
-                        state["s"] = sc(state["s"], st, idx)
-                        jax.block_until_ready(state["s"])
-                    t_s = median_s(run, bench.reps(n))
-                    ok = bool(jnp.all(g(state["s"], idx) == st))
-                    k = f"{impl}/{label}/block{bb}/n{n}"
-                    out[k] = {"gather_gbps_rw": 2 * n * row / t_g / 1e9, "scatter_gbps_rw": 2 * n * row / t_s / 1e9,
-                              "gather_us": 1e6 * t_g, "scatter_us": 1e6 * t_s, "exact": ok}
-                    print(k, out[k], flush=True)
-                    del state
-    bench.results["kernels_v4_kv"] = out
-    # pick the block size with the best pack + unpack time at the largest count
-    best = None
-    for bb in blocks:
-        k = f"{impls[0]}/layer_axis/block{bb}/n{counts[-1]}"
-        if k in out:
-            t = out[k]["gather_us"] + out[k]["scatter_us"]
-            if best is None or t < best[0]:
-                best = (t, bb)
-    if best:
-        bench.block_bytes = best[1]
-        ref = out.get(f"reference/layer_axis/block{pk.DEFAULT_BLOCK_BYTES}/n{counts[-1]}")
-        if ref and ref["gather_us"] + ref["scatter_us"] < best[0]:
-            bench.kernels = "reference"  # XLA beat the Pallas kernels here: run the engine on it
-    bench.results["block_bytes_chosen"] = bench.block_bytes
-    bench.results["engine_kernels"] = bench.kernels
-    del axis, per_layer
-
-
-def kernel_correctness(bench: Bench):
-    """Pallas kernels equal their references on the device, on random inputs with PAD entries."""
-    rng = np.random.default_rng(0)
-    impl = "pallas" if jax.default_backend() == "gpu" else "interpret"
-    srcs = [jnp.asarray(rng.integers(0, 256, (3, 16, 1728), dtype=np.uint8)),
-            jnp.asarray(rng.integers(0, 256, (2, 16, 37440), dtype=np.uint8)),
-            jnp.asarray(rng.integers(0, 256, (1, 16, 5, 7), dtype=np.uint8))]
-    bf = [jnp.asarray(rng.standard_normal((4, 16, 2, 8, 256, 64)).astype(jnp.bfloat16))]
-    res = {}
-    for label, s in (("uint8", srcs), ("bf16", bf)):
-        idx = np.array([5, -1, 0, 15, 3, 9, -1, 2], np.int32)
-        a = pk.gather_pages(s, idx, impl=impl)
-        b = pk.gather_pages_reference(s, idx)
-        st = jnp.asarray(rng.integers(0, 256, a.shape, dtype=np.uint8)).view(a.dtype) if a.dtype == jnp.uint8 else \
-            jnp.asarray(rng.standard_normal(a.shape).astype(a.dtype))
-        x = pk.scatter_pages([t + 0 for t in s], st, idx, impl=impl)
-        y = pk.scatter_pages_reference(s, st, idx)
-        res[label] = {"gather": bool(jnp.all(a == b)), "scatter": all(bool(jnp.all(p == q)) for p, q in zip(x, y))}
-    bench.results["kernel_correctness"] = res
-    print("kernel correctness:", res, flush=True)
+        def d2h():
+            state["h"] = put(state["h"], x, o)
+            state["h"].block_until_ready()
+        t_put = median_s(d2h, bench.reps(256))
+        t_get = median_s(lambda: get(state["h"], o).block_until_ready(), bench.reps(256))
+        t_ref = median_s(ref.d2h, bench.reps(256)), median_s(ref.h2d, bench.reps(256))
+        out[str(off)] = {"d2h_ratio": t_ref[0] / t_put, "h2d_ratio": t_ref[1] / t_get,
+                         "d2h_gbps": nbytes / t_put / 1e9, "h2d_gbps": nbytes / t_get / 1e9}
+        print(f"host offset {off:>5} B: D2H {out[str(off)]['d2h_gbps']:.1f} GB/s ({out[str(off)]['d2h_ratio']:.3f}) "
+              f"H2D {out[str(off)]['h2d_gbps']:.1f} GB/s ({out[str(off)]['h2d_ratio']:.3f})", flush=True)
+    bench.results["host_alignment"] = {"bytes": nbytes, "by_offset": out}
 
 
 def print_table(results: dict) -> None:
@@ -531,16 +355,18 @@ def main(argv=None):
     if args.smoke:
         sections = [
             ("kernel_correctness", kernel_correctness),
+            ("alignment", alignment_section, 1 << 16, [0, 64, 512]),
             ("v4", v4_section, cfg("tiny_v4"), [1, 4], [1], 4, 2),
             ("gqa", gqa_section, json.load(open(cfg("tiny_gqa"))), [1, 2], 2),
         ]
     else:
         sections = [
             ("kernel_correctness", kernel_correctness),
+            ("alignment", alignment_section, 256 << 20, [0, 64, 128, 192, 256, 512, 4096]),
             ("kernels", kernel_section, cfg("deepseek_v4_flash"), 4096, [256, 4096], [4096, 8192, 16384]),
             ("v4", v4_section, cfg("deepseek_v4_flash"), [1, 16, 256, 4096], [1, 16, 256], 4096, 256),
             ("gqa", gqa_section, REAL_GQA, [1, 16, 256], 256),
-            ("caps", cap_section, cfg("deepseek_v4_flash"), [256 << 20, 2048 << 20], [256, 4096], 4096),
+            ("caps", cap_section, cfg("deepseek_v4_flash"), [1024 << 20, 2048 << 20], [256, 4096], 4096),
         ]
     if jax.device_count() >= 2:
         mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2])

@@ -31,7 +31,7 @@ def check_impl(impl: str) -> None:
         raise ValueError(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
 
 
-def describe(sources: Sequence[jax.Array], block_bytes: int) -> tuple[RowLayout, int]:
+def describe(sources: Sequence[jax.Array], block_bytes: int, align_bytes: int = 1) -> tuple[RowLayout, int]:
     """(row layout, num_pages) of `sources`; ValueError if they do not share dtype and page count."""
     if not sources:
         raise ValueError("at least one source array is needed")
@@ -45,7 +45,7 @@ def describe(sources: Sequence[jax.Array], block_bytes: int) -> tuple[RowLayout,
             raise ValueError(f"source {i} has {num_pages} pages, source 0 has {pages}")
         pages = num_pages
         dims.append((layers, elems))
-    return row_layout(dims, np.dtype(dtype).itemsize, block_bytes), pages
+    return row_layout(dims, np.dtype(dtype).itemsize, block_bytes, align_bytes), pages
 
 
 def flat(source: jax.Array) -> jax.Array:

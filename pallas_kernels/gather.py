@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels import _sources
-from pallas_kernels.row_layout import DEFAULT_BLOCK_BYTES, RowLayout
+from pallas_kernels.row_layout import DEFAULT_BLOCK_BYTES, RowLayout, padded_elems
 
 
 def gather_pages(
@@ -23,17 +23,18 @@ def gather_pages(
     into: jax.Array | None = None,  # [C >= n, row_elems]: rows [0, n) overwritten in place
     impl: str = "pallas",
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    align_bytes: int = 1,
 ) -> jax.Array:                    # [n, row_elems], or the updated `into`
     """Row i of the result packs page `indices[i]` of every source (layout: `row_layout`).
 
-    Reads the sources only. A PAD entry's row holds page 0. With `into`, the rows are
-    written into that buffer (aliased: donate it in the enclosing jit for an in-place
-    update) and rows >= n keep their contents. Concrete `indices` are checked here
-    (ValueError before any device work); traced ones must have been checked by the caller
-    with `check_indices`.
+    Reads the sources only. A PAD entry's row holds page 0. Rows are padded with zeros to
+    a multiple of `align_bytes`. With `into`, the rows are written into that buffer
+    (aliased: donate it in the enclosing jit for an in-place update) and rows >= n keep
+    their contents. Concrete `indices` are checked here (ValueError before any device
+    work); traced ones must have been checked by the caller with `check_indices`.
     """
     _sources.check_impl(impl)
-    layout, num_pages = _sources.describe(sources, block_bytes)
+    layout, num_pages = _sources.describe(sources, block_bytes, align_bytes)
     _sources.maybe_check(indices, num_pages, unique=False)
     n = int(indices.shape[0])
     dtype = sources[0].dtype
@@ -44,7 +45,7 @@ def gather_pages(
     if impl == "pallas" and not _sources.triton_can_address([*sources, into]):
         impl = "reference"
     if impl == "reference":
-        return gather_pages_reference(sources, indices, into=into)
+        return gather_pages_reference(sources, indices, into=into, align_bytes=align_bytes)
     if n > _sources.MAX_PAGES_PER_CALL:
         raise ValueError(f"{n} pages in one call; at most {_sources.MAX_PAGES_PER_CALL}")
     indices = jnp.asarray(indices, jnp.int32)
@@ -60,7 +61,10 @@ def gather_pages(
         compiler_params=None if impl == "interpret" else _triton_params(),
     )
     args = (indices, *flat) + ((into,) if into is not None else ())
-    return call(*args)
+    out = call(*args)
+    if layout.data_elems < layout.row_elems:  # the padding: a few bytes per row, written in place
+        out = out.at[:n, layout.data_elems:].set(jnp.zeros((), dtype))
+    return out
 
 
 def _gather_kernel(layout: RowLayout, num_sources: int, idx_ref, *refs):
@@ -76,12 +80,15 @@ def _gather_kernel(layout: RowLayout, num_sources: int, idx_ref, *refs):
             out_ref[i, pl.ds(dst, seg.block_elems)] = src[layer, page, pl.ds(off, seg.block_elems)]
 
 
-def gather_pages_reference(sources: Sequence[jax.Array], indices, *, into: jax.Array | None = None) -> jax.Array:
+def gather_pages_reference(sources: Sequence[jax.Array], indices, *, into: jax.Array | None = None,
+                           align_bytes: int = 1) -> jax.Array:
     """Plain-jnp twin of `gather_pages` (same result, XLA gathers and a transpose)."""
     indices = jnp.asarray(indices, jnp.int32)
     n = int(indices.shape[0])
     safe = jnp.maximum(indices, 0)
     rows = jnp.concatenate([jnp.swapaxes(s[:, safe], 0, 1).reshape(n, -1) for s in sources], axis=1)
+    width = padded_elems(rows.shape[1], rows.dtype.itemsize, align_bytes)
+    rows = jnp.pad(rows, ((0, 0), (0, width - rows.shape[1])))
     if into is None:
         return rows
     return jax.lax.dynamic_update_slice_in_dim(into, rows, 0, axis=0)

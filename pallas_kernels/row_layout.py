@@ -17,6 +17,11 @@ shifted back to end exactly at the page end:
 
 Overlapping blocks copy the same bytes twice, which is harmless for a copy and means no
 block ever reads or writes outside its page (no masks needed).
+
+A row may be padded at its end to a multiple of `align_bytes` (zeros on gather, ignored on
+scatter), so that every row of a contiguous run starts at an aligned address: a DMA
+to or from pinned host memory whose host address is only 64-byte aligned ran at 0.82 of
+the link on the H200, the same copy 256-byte aligned at 0.92 (BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -55,11 +60,16 @@ class Segment:
 
 @dataclasses.dataclass(frozen=True)
 class RowLayout:
-    """Segments of a packed row, in source order."""
+    """Segments of a packed row, in source order; `row_elems` includes the end padding."""
 
     segments: tuple[Segment, ...]
     row_elems: int
     num_blocks: int
+    data_elems: int = -1   # elements before the padding (default: the whole row)
+
+    def __post_init__(self):
+        if self.data_elems < 0:
+            object.__setattr__(self, "data_elems", self.row_elems)
 
 
 def source_dims(shape: Sequence[int]) -> tuple[int, int, int]:
@@ -69,8 +79,18 @@ def source_dims(shape: Sequence[int]) -> tuple[int, int, int]:
     return int(shape[0]), int(shape[1]), math.prod(shape[2:])
 
 
-def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int = DEFAULT_BLOCK_BYTES) -> RowLayout:
-    """Layout of a row over sources of `(num_layers, page_elems)`, elements of `itemsize` bytes."""
+def padded_elems(elems: int, itemsize: int, align_bytes: int) -> int:
+    """`elems` rounded up so that `elems * itemsize` is a multiple of `align_bytes` (a power of two)."""
+    if align_bytes < 1 or align_bytes & (align_bytes - 1):
+        raise ValueError(f"align_bytes must be a power of two, got {align_bytes}")
+    step = max(1, align_bytes // itemsize)
+    return -(-elems // step) * step
+
+
+def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int = DEFAULT_BLOCK_BYTES,
+               align_bytes: int = 1) -> RowLayout:
+    """Layout of a row over sources of `(num_layers, page_elems)`, elements of `itemsize`
+    bytes, padded to a multiple of `align_bytes`."""
     if block_bytes < itemsize or block_bytes & (block_bytes - 1):
         raise ValueError(f"block_bytes must be a power of two >= the item size {itemsize}, got {block_bytes}")
     max_block = block_bytes // itemsize
@@ -84,4 +104,4 @@ def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int 
         segments.append(seg)
         offset += num_layers * page_elems
         first += seg.num_blocks
-    return RowLayout(tuple(segments), offset, first)
+    return RowLayout(tuple(segments), padded_elems(offset, itemsize, align_bytes), first, offset)

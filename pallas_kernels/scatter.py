@@ -27,15 +27,17 @@ def scatter_pages(
     *,
     impl: str = "pallas",
     block_bytes: int = DEFAULT_BLOCK_BYTES,
+    align_bytes: int = 1,
 ) -> tuple[jax.Array, ...]:        # the sources, updated
     """Write row i of `staging` to page `indices[i]` of every source.
 
-    PAD entries write nothing; pages not named keep their contents. Concrete `indices`
-    are checked here (range, uniqueness: ValueError before any device work); traced ones
+    PAD entries write nothing; pages not named keep their contents; the rows' end padding
+    (to `align_bytes`, as `gather_pages` wrote it) is not read. Concrete `indices` are
+    checked here (range, uniqueness: ValueError before any device work); traced ones
     must have been checked by the caller with `check_indices(..., unique=True)`.
     """
     _sources.check_impl(impl)
-    layout, num_pages = _sources.describe(sources, block_bytes)
+    layout, num_pages = _sources.describe(sources, block_bytes, align_bytes)
     _sources.maybe_check(indices, num_pages, unique=True)
     n = int(indices.shape[0])
     _sources.check_staging(staging, layout, sources[0].dtype, n, "staging")

@@ -10,6 +10,10 @@ run of host pages is one contiguous block and moves in one DMA:
 `tp` allocators split each page over the ranks; the global row is the ranks' rows side
 by side (rank r owns columns [r * rank_row_elems, (r + 1) * rank_row_elems)), so a buffer
 sharded `P(None, "tp")` gives each rank exactly its own shard's pages.
+
+Each rank's row ends with zero padding up to a multiple of `ROW_ALIGN_BYTES`, so every
+host page starts at an aligned address: the DMAs of a run then run at the link's speed
+(64-byte aligned host addresses cost a tenth of it on the H200; see BENCHMARKS.md).
 """
 from __future__ import annotations
 
@@ -20,8 +24,11 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 import numpy as np
 
+import pallas_kernels as pk
 from hicache_jax.layout import PoolLayout, PoolSpec
 from hicache_jax.pools.placement import Devices
+
+ROW_ALIGN_BYTES = 512
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,8 +66,13 @@ class HostRowFormat:
         return jnp.dtype(self.dtype).itemsize
 
     @property
-    def rank_row_elems(self) -> int:
+    def rank_data_elems(self) -> int:
+        """Elements of one rank's pages in a row, before the padding."""
         return sum(p.num_layers * math.prod(s) for p, s in zip(self.pools, self.rank_page_shapes))
+
+    @property
+    def rank_row_elems(self) -> int:
+        return pk.padded_elems(self.rank_data_elems, self.itemsize, ROW_ALIGN_BYTES)
 
     @property
     def row_elems(self) -> int:
@@ -94,6 +106,7 @@ class HostRowFormat:
                     raise ValueError(f"page of pool {spec.name!r} must be {spec.dtype}{list(want)}, "
                                      f"got {page.dtype}{list(page.shape)}")
                 parts.append(self._rank_slice(spec, shape, page, r).reshape(-1))
+            parts.append(np.zeros(self.rank_row_elems - self.rank_data_elems, parts[0].dtype))
             ranks.append(np.concatenate(parts))
         return np.concatenate(ranks)
 

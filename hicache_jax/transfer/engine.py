@@ -202,8 +202,7 @@ class TransferEngine:
             start = part.whole_run_host_start
             if start is not None:
                 run = progs.compiled("backup_run", pages, min(self._parts, pages))
-                self.host.buffers[a], token = run(self.host.buffers[a], args, part.device_pages,
-                                                  np.array([start], np.int32))
+                self.host.buffers[a], token = run(self.host.buffers[a], args, _where(part, start))
                 continue
             self._staging[a] = progs.compiled("pack", pages)(args, part.device_pages, self._staging_buffer(progs))
             for g in part.groups:
@@ -220,8 +219,7 @@ class TransferEngine:
             pools = tuple(out[n] for n in names)
             if self._fused(progs, part, False):
                 run = progs.compiled("load_run", pages, min(self._parts, pages))
-                new, token = run(pools, self.host.buffers[a], part.device_pages,
-                                 np.array([part.whole_run_host_start], np.int32))
+                new, token = run(pools, self.host.buffers[a], _where(part, part.whole_run_host_start))
                 out.update(zip(names, new))
                 continue
             for g in part.groups:
@@ -251,6 +249,14 @@ class TransferEngine:
         if not isinstance(host_page, (int, np.integer)) or isinstance(host_page, bool) or not 0 <= host_page < pages:
             raise ValueError(f"host page {host_page!r} of {allocator!r} outside 0..{pages - 1}")
         return np.array([host_page], np.int32)
+
+
+def _where(part: chunking.Chunk, host_start: int) -> np.ndarray:
+    """A fused program's index argument: the chunk's device pages, then its first host page."""
+    where = np.empty(part.padded_pages + 1, np.int32)
+    where[:-1] = part.device_pages
+    where[-1] = host_start
+    return where
 
 
 def _resolve_kernels(kernels: str, device: jax.Device) -> str:

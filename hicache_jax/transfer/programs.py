@@ -4,8 +4,11 @@ A chunk whose host side is ONE run of exactly S pages (S a power of two) moves i
 program, split into `parts` sub-batches so that XLA can overlap one part's DMA with the
 next part's pack (backup) or unpack (load):
 
-    backup_run(S, parts)  host (donated), pools (read), idx i32[S], dst i32[1] -> host, token
-    load_run(S, parts)    pools (donated), host, idx i32[S], src i32[1]         -> pools, token
+    backup_run(S, parts)  host (donated), pools (read), where i32[S+1] -> host, token
+    load_run(S, parts)    pools (donated), host, where i32[S+1]         -> pools, token
+
+`where` is the chunk's device pages followed by its first host page: one small array, so
+one host-to-device copy ahead of the program instead of two.
 
 Any other chunk (several runs, or a length that is not a power of two) goes through the
 engine's persistent staging buffer `[chunk_pages, row_elems]`, one program per step:
@@ -30,7 +33,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
-from hicache_jax.pools import HOST_MEMORY, TP_AXIS, Devices, HostRowFormat
+from hicache_jax.pools import HOST_MEMORY, ROW_ALIGN_BYTES, TP_AXIS, Devices, HostRowFormat
 from hicache_jax.transfer.host_check import host_compute_violations
 
 _HOST, _DEVICE = jax.memory.Space.Host, jax.memory.Space.Device
@@ -60,8 +63,10 @@ class AllocatorPrograms:
         self.read_shardings = self.pool_shardings if self.sharded else [self.home] * len(fmt.pools)
         # Loads of replicated pools on a mesh unpack on every rank from broadcast rows.
         self.broadcast_load = self.on_mesh and not self.sharded
-        self._gather = functools.partial(pk.gather_pages, impl=impl, block_bytes=block_bytes)
-        self._scatter = functools.partial(pk.scatter_pages, impl=impl, block_bytes=block_bytes)
+        self._gather = functools.partial(pk.gather_pages, impl=impl, block_bytes=block_bytes,
+                                         align_bytes=ROW_ALIGN_BYTES)
+        self._scatter = functools.partial(pk.scatter_pages, impl=impl, block_bytes=block_bytes,
+                                          align_bytes=ROW_ALIGN_BYTES)
         self._cache: dict[tuple, jax.stages.Compiled] = {}
         self.jaxprs: dict[str, object] = {}
 
@@ -118,13 +123,13 @@ class AllocatorPrograms:
     def _backup_run(self, pages: int, parts: int):
         part = pages // parts
 
-        def backup_run(host, pools, idx, dst):
+        def backup_run(host, pools, where):
             for p in range(parts):  # separate buffers per part: part p's DMA may overlap part p+1's pack
-                rows = self._gather_rows(pools, idx[p * part:(p + 1) * part])
-                host = jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(rows, _HOST), dst[0] + p * part, 0)
-            return host, dst[0] + 0
+                rows = self._gather_rows(pools, where[p * part:(p + 1) * part])
+                host = jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(rows, _HOST), where[pages] + p * part, 0)
+            return host, where[pages] + 0
 
-        args = (self._host_buffer(), self._pools(self.read_shardings), self._index(pages), self._index(1))
+        args = (self._host_buffer(), self._pools(self.read_shardings), self._index(pages + 1))
         return backup_run, args, (0,), (self.host_sharding, self.home)
 
     def _load_run(self, pages: int, parts: int):
@@ -132,13 +137,13 @@ class AllocatorPrograms:
             raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
         part = pages // parts
 
-        def load_run(pools, host, idx, src):
+        def load_run(pools, host, where):
             for p in range(parts):
-                rows = jax.device_put(jax.lax.dynamic_slice_in_dim(host, src[0] + p * part, part, 0), _DEVICE)
-                pools = self._scatter_rows(pools, rows, idx[p * part:(p + 1) * part])
-            return pools, idx[0] + 0
+                rows = jax.device_put(jax.lax.dynamic_slice_in_dim(host, where[pages] + p * part, part, 0), _DEVICE)
+                pools = self._scatter_rows(pools, rows, where[p * part:(p + 1) * part])
+            return pools, where[0] + 0
 
-        args = (self._pools(self.pool_shardings), self._host_buffer(), self._index(pages), self._index(1))
+        args = (self._pools(self.pool_shardings), self._host_buffer(), self._index(pages + 1))
         return load_run, args, (0,), (tuple(self.pool_shardings), self.home)
 
     def _pack(self, pages: int):

@@ -54,6 +54,40 @@ def test_gather_and_scatter_equal_reference(make, indices):
     assert bool(jnp.array_equal(back[np.array(real)], staging[np.array(real)]))
 
 
+def odd_bf16_sources(rng, pages=PAGES):
+    """A bf16 row of 1,200 bytes: not a multiple of any alignment tested."""
+    return [jnp.asarray(rng.standard_normal((2, pages, 3, 100)).astype(jnp.bfloat16))]
+
+
+@pytest.mark.parametrize("make", [uint8_sources, odd_bf16_sources])
+@pytest.mark.parametrize("align", [256, 512])
+def test_padded_rows_end_in_zeros_and_padding_is_never_unpacked(make, align):
+    """Rows padded to `align` bytes: the data part as unpadded, zeros after it (fresh or
+    into a dirty buffer); scatter reads only the data part."""
+    rng = np.random.default_rng(align)
+    sources = make(rng)
+    idx = np.array([3, pk.PAD, 9, 0], np.int32)
+    plain = pk.gather_pages_reference(sources, idx)
+    width = pk.padded_elems(plain.shape[1], plain.dtype.itemsize, align)
+    assert width > plain.shape[1] and (width * plain.dtype.itemsize) % align == 0
+    dirty = random_staging(rng, 6, jnp.zeros((1, width), plain.dtype))
+    for into in (None, dirty):
+        got = pk.gather_pages(sources, idx, impl="interpret", align_bytes=align, into=into)
+        want = pk.gather_pages_reference(sources, idx, align_bytes=align, into=into)
+        assert got.shape == (4 if into is None else 6, width) and bool(jnp.array_equal(got, want))
+        assert bool(jnp.array_equal(got[:4, :plain.shape[1]], plain)) and not bool(jnp.any(got[:4, plain.shape[1]:]))
+        if into is not None:
+            assert bool(jnp.array_equal(got[4:], dirty[4:]))
+    staging = random_staging(rng, 4, dirty)                 # garbage in the padding too
+    out = pk.scatter_pages(sources, staging, idx, impl="interpret", align_bytes=align)
+    assert same(out, pk.scatter_pages_reference(sources, staging, idx))
+    back = pk.gather_pages(out, idx, impl="interpret", align_bytes=align)
+    real = np.array([0, 2, 3])
+    assert bool(jnp.array_equal(back[real, :plain.shape[1]], staging[real, :plain.shape[1]]))
+    with pytest.raises(ValueError, match="align_bytes must be a power of two"):
+        pk.gather_pages(sources, idx, impl="interpret", align_bytes=48)
+
+
 def test_gather_into_writes_only_the_first_rows():
     rng = np.random.default_rng(1)
     sources = uint8_sources(rng)

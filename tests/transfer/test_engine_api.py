@@ -12,6 +12,7 @@ import pytest
 
 import hicache_jax as hc
 from hicache_jax.plan import make_plan
+from hicache_jax.pools import ROW_ALIGN_BYTES
 from hicache_jax.transfer import TransferEngine, hlo_host_ops, host_compute_violations
 
 from conftest import CONFIGS, ROOT
@@ -36,8 +37,11 @@ def test_pools_have_the_documented_shapes_dtypes_and_shardings(v4):
         assert pools[spec.name].shape == (spec.num_layers, pages, *spec.page_shape)
         assert pools[spec.name].dtype == jnp.dtype(spec.dtype)
     engine.check_device_pools(pools)
-    # host rows: one page of every pool moving with the allocator, all layers
-    assert engine.host.buffers["kv"].shape == (16, layout.page_bytes_of("kv"))
+    # host rows: one page of every pool moving with the allocator, all layers, padded so
+    # that every host page starts ROW_ALIGN_BYTES-aligned
+    data = layout.page_bytes_of("kv")
+    assert engine.host.buffers["kv"].shape == (16, -(-data // ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES)
+    assert data % ROW_ALIGN_BYTES and engine.host.buffers["kv"].shape[1] - data < ROW_ALIGN_BYTES
     assert engine.host.buffers["kv"].sharding.memory_kind == "pinned_host"
 
 
@@ -80,7 +84,7 @@ def test_constructor_rejects_impossible_configurations():
     layout = layout_of("tiny_v4")
     with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8})  # 89 GB of kv rows
-    with pytest.raises(ValueError, match="kv: 16 pages x 42,432 B"):
+    with pytest.raises(ValueError, match="kv: 16 pages x 42,496 B"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, host_memory_limit_bytes=1 << 20)
     with pytest.raises(ValueError, match="max_staging_bytes"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, max_staging_bytes=1000)
