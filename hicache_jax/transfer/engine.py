@@ -124,9 +124,11 @@ class TransferEngine:
         return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error)
 
     def warmup(self, max_pages: int | None = None) -> int:
-        """Compile, ahead of use, the programs of single-run chunks of every power-of-two size
-        up to `max_pages` (default: the chunk size) in both directions; allocate the staging
-        buffers. Returns the number of programs compiled so far."""
+        """Compile, ahead of use, the programs of every single-run chunk of up to `max_pages`
+        pages (default: the chunk size) in both directions: the fused program of each
+        power-of-two length, and the staging-path programs of any other length (pack /
+        unpack of each padded size, one host copy of each power-of-two piece). Allocate the
+        staging buffers. Returns the number of programs compiled so far."""
         for progs in self._programs.values():
             self._staging_buffer(progs)
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
@@ -134,8 +136,9 @@ class TransferEngine:
             while pages <= limit:
                 group = chunking.PieceGroup(pages.bit_length() - 1, np.zeros(1, np.int32), np.zeros(1, np.int32), 1)
                 part = chunking.Chunk(np.zeros(pages, np.int32), pages, (group,))
-                self._compile(progs, part, True)
-                self._compile(progs, part, False)
+                for backup in (True, False):
+                    self._compile(progs, part, backup)
+                    self._compile_staged(progs, pages, [(group.log2_rows, 1)], backup)
                 pages *= 2
             progs.compiled("read_row")
             progs.compiled("write_row")
@@ -178,7 +181,10 @@ class TransferEngine:
         if self._fused(progs, part, backup):
             progs.compiled("backup_run" if backup else "load_run", pages, min(self._parts, pages))
             return
-        groups = [(g.log2_rows, len(g.staging_rows)) for g in part.groups]
+        self._compile_staged(progs, pages, [(g.log2_rows, len(g.staging_rows)) for g in part.groups], backup)
+
+    def _compile_staged(self, progs: AllocatorPrograms, pages: int, groups: list[tuple[int, int]], backup: bool) -> None:
+        """The staging-path programs of a chunk padded to `pages` with piece groups `(log2 rows, count)`."""
         if backup:
             progs.compiled("pack", pages)
             for key in groups:

@@ -165,6 +165,24 @@ def test_warmup_compiles_programs_that_never_compute_on_host_memory(v4):
         assert host_compute_violations(jaxpr) == [], label
 
 
+def test_after_warmup_a_single_run_of_any_length_compiles_nothing(v4):
+    """A steady workload's first host hit must not pay a compile: every one-run plan up to
+    the warmed size, backup and load, of any length, uses programs compiled at warmup."""
+    layout, engine = v4
+    engine.warmup()
+    warmed = set(engine.compiled_programs())
+    pools = engine.init_device_pools()
+    rng = np.random.default_rng(0)
+    for a, device, host in (("kv", 8, 16), ("swa", 4, 8)):
+        for n in range(1, device + 1):
+            start = int(rng.integers(0, host - n + 1))
+            for direction in ("backup", "load"):
+                plan = make_plan(layout, direction, {a: (rng.permutation(device)[:n], np.arange(start, start + n))})
+                pools, handle = engine.start(plan, pools)
+                handle.wait()
+    assert set(engine.compiled_programs()) == warmed
+
+
 def test_host_check_catches_compute_on_a_host_array():
     host = jax.device_put(np.zeros((4, 8), np.float32),
                           jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host"))
