@@ -117,9 +117,10 @@ class HiCache:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(StatsCollector(self.stats, lambda: self.tally.durations))
 
-    def warmup(self, max_pages: int | None = None) -> None:
-        """Compile the transfer programs ahead of the first transfer (see `TransferEngine.warmup`)."""
-        self.engine.warmup(max_pages)
+    def warmup(self, max_pages: int | None = None, max_runs: int = 4) -> None:
+        """Compile the transfer programs of every plan of up to `max_pages` pages per chunk in
+        up to `max_runs` host runs, ahead of the first transfer (see `TransferEngine.warmup`)."""
+        self.engine.warmup(max_pages, max_runs)
 
     # -- device pools ----------------------------------------------------------------------
     @property

@@ -14,6 +14,8 @@ compiling once its shapes were seen (`warmup` compiles the common ones ahead).
 """
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import time
 from collections.abc import Mapping
 
@@ -34,6 +36,7 @@ DEFAULT_MAX_STAGING_BYTES = 512 << 20
 DEFAULT_HOST_MEMORY_LIMIT_BYTES = 64 << 30
 DEFAULT_PIPELINE_PARTS = 2
 MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
+WARMUP_MAX_RUNS = 4        # host runs per chunk whose copy programs `warmup` compiles
 
 
 class TransferEngine:
@@ -123,25 +126,32 @@ class TransferEngine:
             error = e
         return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error)
 
-    def warmup(self, max_pages: int | None = None) -> int:
-        """Compile, ahead of use, the programs of every single-run chunk of up to `max_pages`
-        pages (default: the chunk size) in both directions: the fused program of each
-        power-of-two length, and the staging-path programs of any other length (pack /
-        unpack of each padded size, one host copy of each power-of-two piece). Allocate the
-        staging buffers. Returns the number of programs compiled so far."""
+    def warmup(self, max_pages: int | None = None, max_runs: int = WARMUP_MAX_RUNS) -> int:
+        """Compile ahead of use every program a chunk of up to `max_pages` pages (default:
+        the chunk size) whose host side is at most `max_runs` runs can need, in both
+        directions: the fused program of each power-of-two length, and the staging-path
+        programs (pack / unpack of each padded size, host copies of up to `max_runs`
+        pieces of each power-of-two size). Programs compile on a thread pool. Allocates
+        the staging buffers. Returns the number of programs compiled so far."""
+        if max_runs < 1 or (max_pages is not None and max_pages < 1):
+            raise ValueError(f"warmup needs max_pages >= 1 and max_runs >= 1, got {max_pages} and {max_runs}")
+        todo = {}
         for progs in self._programs.values():
             self._staging_buffer(progs)
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
             pages = 1
             while pages <= limit:
-                group = chunking.PieceGroup(pages.bit_length() - 1, np.zeros(1, np.int32), np.zeros(1, np.int32), 1)
-                part = chunking.Chunk(np.zeros(pages, np.int32), pages, (group,))
-                for backup in (True, False):
-                    self._compile(progs, part, backup)
-                    self._compile_staged(progs, pages, [(group.log2_rows, 1)], backup)
+                k = pages.bit_length() - 1
+                fused = ("backup_run", pages, min(self._parts, pages)), ("load_run", pages, min(self._parts, pages))
+                groups = [(k, count) for count in _pow2_upto(max_runs) if count * pages <= limit]
+                for key in (*fused, *self._staged(progs, pages, groups, True), *self._staged(progs, pages, groups, False)):
+                    todo[(progs.fmt.allocator, key)] = progs
                 pages *= 2
-            progs.compiled("read_row")
-            progs.compiled("write_row")
+            for key in (("read_row",), ("write_row",)):
+                todo[(progs.fmt.allocator, key)] = progs
+        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
+            for f in [pool.submit(progs.compiled, *key) for (_, key), progs in todo.items()]:
+                f.result()
         return sum(len(p.jaxprs) for p in self._programs.values())
 
     # -- host tier access (tests, debugging) --------------------------------------------------
@@ -181,20 +191,15 @@ class TransferEngine:
         if self._fused(progs, part, backup):
             progs.compiled("backup_run" if backup else "load_run", pages, min(self._parts, pages))
             return
-        self._compile_staged(progs, pages, [(g.log2_rows, len(g.staging_rows)) for g in part.groups], backup)
+        for key in self._staged(progs, pages, [(g.log2_rows, len(g.staging_rows)) for g in part.groups], backup):
+            progs.compiled(*key)
 
-    def _compile_staged(self, progs: AllocatorPrograms, pages: int, groups: list[tuple[int, int]], backup: bool) -> None:
-        """The staging-path programs of a chunk padded to `pages` with piece groups `(log2 rows, count)`."""
+    @staticmethod
+    def _staged(progs: AllocatorPrograms, pages: int, groups: list[tuple[int, int]], backup: bool) -> list[tuple]:
+        """Program keys of a staging-path chunk padded to `pages`, piece groups `(log2 rows, count)`."""
         if backup:
-            progs.compiled("pack", pages)
-            for key in groups:
-                progs.compiled("d2h", *key)
-            return
-        for key in groups:
-            progs.compiled("h2d", *key)
-        if progs.broadcast_load:
-            progs.compiled("take", pages)
-        progs.compiled("unpack", pages)
+            return [("pack", pages), *(("d2h", *g) for g in groups)]
+        return [*(("h2d", *g) for g in groups), *([("take", pages)] if progs.broadcast_load else []), ("unpack", pages)]
 
     def _backup(self, progs: AllocatorPrograms, parts, pools) -> jax.Array:
         a = progs.fmt.allocator
@@ -271,6 +276,10 @@ def _resolve_kernels(kernels: str, device: jax.Device) -> str:
     if kernels not in pk.IMPLS:
         raise ValueError(f"kernels must be 'auto' or one of {', '.join(pk.IMPLS)}; got {kernels!r}")
     return kernels
+
+
+def _pow2_upto(n: int) -> list[int]:
+    return [1 << i for i in range(n.bit_length())]
 
 
 def _floor_pow2(n: int) -> int:
