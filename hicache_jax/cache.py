@@ -175,11 +175,15 @@ class HiCache:
         """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
 
         Blocks while its own load-back is in flight, and for backups in flight when they
-        pin the only room for it or still write its host copy; a loop that serves other requests meanwhile
+        pin the only room for it or still write host copies it matches; a loop that serves other requests meanwhile
         uses `match_prefix` / `load_back` / `step` itself. A failed or refused load leaves
         the device part of the match, still pinned.
         """
         m = self.match_prefix(tokens)
+        if load_back and m.pending_len and self._land_backups():
+            # the host copies it stopped at have landed: match again (the device part, and so
+            # the hit tallies, cannot have changed: landing a backup moves no device page)
+            m = self._checked(self.core.match_prefix(as_tokens(tokens)))
         lock = self.lock(m.device_node)
         refused = None
         if load_back and m.host_len:

@@ -149,10 +149,14 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
         tokens = as_tokens(tokens)
         page = self.page_size
         path = [(n, m) for n, m in self.tree.walk(tokens[:cap_tokens(len(tokens), page)]) if m]
-        dev_cov = any_cov = 0
+        dev_cov = any_cov = pending = 0
         for i, (node, matched) in enumerate(path):
             valid = node.state in DEVICE_VALID
             if not (valid or node.state in (Residency.HOST, Residency.LOADING)):
+                for n, m in path[i:]:
+                    if n.state is not Residency.HOST_PENDING:
+                        break
+                    pending += m // page * page
                 del path[i:]
                 break
             if valid and dev_cov == any_cov:
@@ -172,7 +176,7 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
         root = self.tree.root
         dev_pages, swa_pages = self._device_tables(dev_chain)
         return MatchResult(dev_b * page, (all_b - dev_b) * page, dev_pages, swa_pages,
-                           (dev_chain[-1] if dev_chain else root).id, (chain[-1] if chain else root).id)
+                           (dev_chain[-1] if dev_chain else root).id, (chain[-1] if chain else root).id, pending)
 
     def _swa_desc(self, path: list[tuple[Node, int]], limit: int, host: bool):
         """SWA presence of pages limit-1 ... 0 along `path`, on device (or on either tier)."""

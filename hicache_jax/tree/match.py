@@ -28,6 +28,9 @@ class MatchResult:
     logical pages `device_len/page - len(swa_pages) ...`.
     `device_node`/`host_node`: the last node of the device prefix / of the whole match
     (the root, id 0, when empty); a `load_back` of this match brings `host_len` more tokens.
+    `pending_len`: tokens of the prompt that the tree holds, right where the walk stopped,
+    in nodes whose host copy is still being written (write-back demotions in flight);
+    once those backups land, a new match may reach up to that much further.
     """
 
     device_len: int
@@ -36,6 +39,7 @@ class MatchResult:
     swa_pages: np.ndarray
     device_node: NodeId
     host_node: NodeId
+    pending_len: int = 0
 
     @property
     def total_len(self) -> int:

@@ -7,15 +7,23 @@ import pytest
 
 import hicache_jax as hc
 from driver import Driver, layout
+from faults import FaultyEngine
 
 POLICIES = ["write_through", "write_through_selective", "write_back"]
 
 
 @pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41", "tiny_gqa"])
 @pytest.mark.parametrize("policy", POLICIES)
-def test_shared_prefixes_survive_eviction_and_load_back(name, policy):
-    cache = hc.HiCache(layout(name), hc.HiCacheConfig(device_pages=6, host_pages=24, write_policy=policy,
-                                                      check_invariants=True))
+@pytest.mark.parametrize("link", ["fast", "slow"])
+def test_shared_prefixes_survive_eviction_and_load_back(name, policy, link):
+    """`slow`: no transfer is seen done by polling, only when waited on (a link slower
+    than the serving loop); the cache must serve the same bytes either way."""
+    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, write_policy=policy, check_invariants=True)
+    engine = None
+    if link == "slow":
+        engine = FaultyEngine(hc.HiCache(layout(name), cfg).engine)
+        engine.slow.update({"backup", "load"})
+    cache = hc.HiCache(layout(name), cfg, engine=engine)
     d = Driver(cache)
     rng = np.random.default_rng(zlib.crc32(f"{name}{policy}".encode()))
     convs = [[int(rng.integers(0, 3))] + [int(x) for x in rng.integers(0, 4, 2)] for _ in range(5)]

@@ -1,4 +1,6 @@
 """Read path: load-backs, owners and back-off, thresholds, SWA window loads, failures."""
+import pytest
+
 from hicache_jax.tree import LoadJob, Refusal, Residency
 from helpers import P, core, put, query, seq
 
@@ -102,6 +104,21 @@ def test_stale_and_pending_matches_are_refused():
     m = c.match_prefix(query(seq(3)))              # on device at match time ...
     c.evict_device(1)                              # ... then demoted, its write in flight
     assert c.start_load(m) is Refusal.PENDING
+    c.check_invariants()
+
+
+@pytest.mark.parametrize("name", ["tiny_gqa", "tiny_v4"])
+def test_a_match_reports_host_copies_still_being_written(name):
+    c = core(name, write_policy="write_back")
+    put(c, seq(1, 2), swa_last=2)
+    put(c, seq(1, 2, 3, 4), swa_last=2)
+    c.evict_device(4, 4 if c.swa else 0)            # both demoted, their writes in flight
+    m = c.match_prefix(query(seq(1, 2, 3, 4)))
+    assert (m.device_len, m.host_len, m.pending_len) == (0, 0, 4 * P)
+    c.ack_backup(c.take_backup_batch().ack_id)      # landed: the same prompt now matches on host
+    m = c.match_prefix(query(seq(1, 2, 3, 4)))
+    assert (m.device_len, m.host_len, m.pending_len) == (0, 4 * P, 0)
+    assert c.match_prefix(query(seq(9))).pending_len == 0
     c.check_invariants()
 
 
