@@ -7,8 +7,8 @@ load-backs are dispatched at `load_back`. Completions are applied only in `step(
 `wait()`, the one place where in-flight state ends. Device work is ordered: a model step
 that reads `device_pools` after `load_back` sees the loaded pages, and a backup's reads
 happen before any later step writes, so no call here blocks on a transfer except `wait`,
-`drain`, and `acquire` / `alloc` when the only room left is pinned by backups in flight
-(a slow link must not turn into a refusal a fast one would not have given).
+`drain`, and `acquire` / `alloc` when they come up short while backups are in flight (a
+slow link must not turn into a refusal a fast one would not have given).
 
 Serving-loop contract (see README): match -> lock -> (load_back -> wait) -> alloc -> model
 steps with `device_pools` / `set_device_pools` -> insert + free -> unlock; `step()` once
@@ -224,9 +224,9 @@ class HiCache:
         whenever the layout has one), or None when even eviction cannot free enough (nothing
         taken).
 
-        Pages under a backup cannot be evicted until it lands; when they are what stands in
-        the way, this waits for the backups in flight (dispatching queued ones first) and
-        tries once more, so the answer does not depend on how fast the link is.
+        Pages under a backup cannot be evicted until it lands: when it comes up short while
+        backups are in flight, this waits for them (dispatching queued ones first) and tries
+        once more, so the answer does not depend on how fast the link is.
         """
         need = {self.core.anchor: pages}
         if self.core.swa is not None:
