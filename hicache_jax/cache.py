@@ -174,10 +174,10 @@ class HiCache:
     def acquire(self, tokens, load_back: bool = True) -> Prefix:
         """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
 
-        Blocks while its own load-back is in flight, and for backups in flight when they
-        pin the only room for it or still write host copies it matches; a loop that serves other requests meanwhile
-        uses `match_prefix` / `load_back` / `step` itself. A failed or refused load leaves
-        the device part of the match, still pinned.
+        Blocks while its own load-back is in flight, and for backups in flight when it
+        comes up short of device room or matches host copies they still write; a loop that
+        serves other requests meanwhile uses `match_prefix` / `load_back` / `step` itself.
+        A failed or refused load leaves the device part of the match, still pinned.
         """
         m = self.match_prefix(tokens)
         if load_back and m.pending_len and self._land_backups():

@@ -14,8 +14,6 @@ compiling once its shapes were seen (`warmup` compiles the common ones ahead).
 """
 from __future__ import annotations
 
-import concurrent.futures
-import os
 import time
 from collections.abc import Mapping
 
@@ -131,8 +129,8 @@ class TransferEngine:
         the chunk size) whose host side is at most `max_runs` runs can need, in both
         directions: the fused program of each power-of-two length, and the staging-path
         programs (pack / unpack of each padded size, host copies of up to `max_runs`
-        pieces of each power-of-two size). Programs compile on a thread pool. Allocates
-        the staging buffers. Returns the number of programs compiled so far."""
+        pieces of each power-of-two size). Allocates the staging buffers. Returns the
+        number of programs compiled so far."""
         if max_runs < 1 or (max_pages is not None and max_pages < 1):
             raise ValueError(f"warmup needs max_pages >= 1 and max_runs >= 1, got {max_pages} and {max_runs}")
         todo = {}
@@ -149,9 +147,8 @@ class TransferEngine:
                 pages *= 2
             for key in (("read_row",), ("write_row",)):
                 todo[(progs.fmt.allocator, key)] = progs
-        with concurrent.futures.ThreadPoolExecutor(max(1, min(8, os.cpu_count() or 1))) as pool:
-            for f in [pool.submit(progs.compiled, *key) for (_, key), progs in todo.items()]:
-                f.result()
+        for (_, key), progs in todo.items():
+            progs.compiled(*key)
         return sum(len(p.jaxprs) for p in self._programs.values())
 
     # -- host tier access (tests, debugging) --------------------------------------------------
