@@ -30,6 +30,7 @@ from hicache_jax.layout import PoolLayout
 from hicache_jax.metrics import CacheStats, StatsCollector, Tally, snapshot
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.transfer import TransferEngine
+from hicache_jax.transfer.engine import WARMUP_MAX_RUNS
 from hicache_jax.tree import (EvictResult, InsertResult, LoadJob, LockId, MatchResult, NodeId, Refusal, TreeCore,
                               as_tokens)
 
@@ -117,7 +118,7 @@ class HiCache:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(StatsCollector(self.stats, lambda: self.tally.durations))
 
-    def warmup(self, max_pages: int | None = None, max_runs: int = 4) -> None:
+    def warmup(self, max_pages: int | None = None, max_runs: int = WARMUP_MAX_RUNS) -> None:
         """Compile the transfer programs of every plan of up to `max_pages` pages per chunk in
         up to `max_runs` host runs, ahead of the first transfer (see `TransferEngine.warmup`)."""
         self.engine.warmup(max_pages, max_runs)
@@ -153,14 +154,14 @@ class HiCache:
         return self._load_back(match, patient=False)
 
     def _load_back(self, match: MatchResult, patient: bool) -> LoadBack:
-        """`load_back`; when `patient`, backups in flight that pin the room it needs, or are
-        still writing its host copy, are waited for rather than refused."""
+        """`load_back`; when `patient`, backups in flight that pin the room it needs are
+        waited for rather than refused."""
         if self._not_worth_it(match):
             self.tally.refusals[Refusal.NOT_WORTH_IT.value] += 1
             return self._checked(self._refused(match, Refusal.NOT_WORTH_IT))
         job = self.core.start_load(match)
         self._flush_demotions()
-        if job in (Refusal.NO_DEVICE_SPACE, Refusal.PENDING) and patient and self._land_backups():
+        if job is Refusal.NO_DEVICE_SPACE and patient and self._land_backups():
             job = self.core.start_load(match)
             self._flush_demotions()
         if not isinstance(job, LoadJob):
@@ -179,11 +180,12 @@ class HiCache:
         serves other requests meanwhile uses `match_prefix` / `load_back` / `step` itself.
         A failed or refused load leaves the device part of the match, still pinned.
         """
+        tokens = as_tokens(tokens)
         m = self.match_prefix(tokens)
         if load_back and m.pending_len and self._land_backups():
             # the host copies it stopped at have landed: match again (the device part, and so
             # the hit tallies, cannot have changed: landing a backup moves no device page)
-            m = self._checked(self.core.match_prefix(as_tokens(tokens)))
+            m = self._checked(self.core.match_prefix(tokens))
         lock = self.lock(m.device_node)
         refused = None
         if load_back and m.host_len:

@@ -140,9 +140,9 @@ class TransferEngine:
             pages = 1
             while pages <= limit:
                 k = pages.bit_length() - 1
-                fused = ("backup_run", pages, min(self._parts, pages)), ("load_run", pages, min(self._parts, pages))
                 groups = [(k, count) for count in _pow2_upto(max_runs) if count * pages <= limit]
-                for key in (*fused, *self._staged(progs, pages, groups, True), *self._staged(progs, pages, groups, False)):
+                for key in (self._run_key(pages, True), self._run_key(pages, False),
+                            *self._staged(progs, pages, groups, True), *self._staged(progs, pages, groups, False)):
                     todo[(progs.fmt.allocator, key)] = progs
                 pages *= 2
             for key in (("read_row",), ("write_row",)):
@@ -186,10 +186,14 @@ class TransferEngine:
     def _compile(self, progs: AllocatorPrograms, part: chunking.Chunk, backup: bool) -> None:
         pages = part.padded_pages
         if self._fused(progs, part, backup):
-            progs.compiled("backup_run" if backup else "load_run", pages, min(self._parts, pages))
+            progs.compiled(*self._run_key(pages, backup))
             return
         for key in self._staged(progs, pages, [(g.log2_rows, len(g.staging_rows)) for g in part.groups], backup):
             progs.compiled(*key)
+
+    def _run_key(self, pages: int, backup: bool) -> tuple:
+        """Program key of a fused chunk of `pages` pages (one whole host run)."""
+        return ("backup_run" if backup else "load_run", pages, min(self._parts, pages))
 
     @staticmethod
     def _staged(progs: AllocatorPrograms, pages: int, groups: list[tuple[int, int]], backup: bool) -> list[tuple]:
@@ -209,7 +213,7 @@ class TransferEngine:
             pages = part.padded_pages
             start = part.whole_run_host_start
             if start is not None:
-                run = progs.compiled("backup_run", pages, min(self._parts, pages))
+                run = progs.compiled(*self._run_key(pages, True))
                 self.host.buffers[a], token = run(self.host.buffers[a], args, _where(part, start))
                 continue
             self._staging[a] = progs.compiled("pack", pages)(args, part.device_pages, self._staging_buffer(progs))
@@ -226,7 +230,7 @@ class TransferEngine:
             pages = part.padded_pages
             pools = tuple(out[n] for n in names)
             if self._fused(progs, part, False):
-                run = progs.compiled("load_run", pages, min(self._parts, pages))
+                run = progs.compiled(*self._run_key(pages, False))
                 new, token = run(pools, self.host.buffers[a], _where(part, part.whole_run_host_start))
                 out.update(zip(names, new))
                 continue

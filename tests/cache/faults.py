@@ -1,7 +1,11 @@
-"""A transfer engine wrapper that fails on demand, the way a real transfer can."""
+"""A transfer engine wrapper that fails or lags on demand, the way a real transfer can, and
+the helpers that build a cache over it and check that it gives every page back."""
+import time
+
 import jax
 import numpy as np
 
+import hicache_jax as hc
 from hicache_jax.plan import Direction
 
 
@@ -96,6 +100,26 @@ class FaultyEngine:
                 arr.view(np.uint8)[:, batch.device_pages] = 0xAB
                 out[name] = jax.device_put(arr, out[name].sharding)
         return out
+
+
+def faulty_cache(layout, config, slow=(), clock=time.monotonic):
+    """A HiCache over a `FaultyEngine` wrapping a real one; directions in `slow` start slow."""
+    faulty = FaultyEngine(hc.HiCache(layout, config).engine)
+    faulty.slow.update(slow)
+    return hc.HiCache(layout, config, engine=faulty, clock=clock), faulty
+
+
+def empty_everything(cache):
+    """Drain, evict both tiers: every page of every allocator must be free again."""
+    cache.drain()
+    for _ in range(8):
+        cache.evict(10 ** 6, 10 ** 6 if cache.core.swa else 0)
+        cache.drain()
+        cache.core.evict_host(10 ** 6, 10 ** 6 if cache.core.swa else 0)
+    cache.check_invariants()
+    assert cache.core.tree.num_nodes == 0
+    for alloc in list(cache.core.device) + list(cache.core.host):
+        assert alloc.num_free == alloc.capacity, alloc
 
 
 def _typed(layout, pages):

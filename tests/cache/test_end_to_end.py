@@ -7,7 +7,7 @@ import pytest
 
 import hicache_jax as hc
 from driver import Driver, layout
-from faults import FaultyEngine
+from faults import faulty_cache
 
 POLICIES = ["write_through", "write_through_selective", "write_back"]
 
@@ -19,11 +19,7 @@ def test_shared_prefixes_survive_eviction_and_load_back(name, policy, link):
     """`slow`: no transfer is seen done by polling, only when waited on (a link slower
     than the serving loop); the cache must serve the same bytes either way."""
     cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, write_policy=policy, check_invariants=True)
-    engine = None
-    if link == "slow":
-        engine = FaultyEngine(hc.HiCache(layout(name), cfg).engine)
-        engine.slow.update({"backup", "load"})
-    cache = hc.HiCache(layout(name), cfg, engine=engine)
+    cache, _ = faulty_cache(layout(name), cfg, slow={"backup", "load"} if link == "slow" else ())
     d = Driver(cache)
     rng = np.random.default_rng(zlib.crc32(f"{name}{policy}".encode()))
     convs = [[int(rng.integers(0, 3))] + [int(x) for x in rng.integers(0, 4, 2)] for _ in range(5)]

@@ -4,7 +4,7 @@ import pytest
 
 import hicache_jax as hc
 from driver import Driver, layout
-from faults import FaultyEngine
+from faults import empty_everything, faulty_cache
 
 
 class Clock:
@@ -18,24 +18,8 @@ class Clock:
 def make(name="tiny_v4", policy="write_through", device=6, host=24, clock=None):
     cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
                            transfer_timeout_s=5.0)
-    lay = layout(name)
-    real = hc.HiCache(lay, cfg).engine
-    faulty = FaultyEngine(real)
-    cache = hc.HiCache(lay, cfg, engine=faulty, clock=clock or Clock())
+    cache, faulty = faulty_cache(layout(name), cfg, clock=clock or Clock())
     return cache, faulty, Driver(cache)
-
-
-def empty_everything(cache):
-    """Drain, evict both tiers: every page of every allocator must be free again."""
-    cache.drain()
-    for _ in range(8):
-        cache.evict(10 ** 6, 10 ** 6 if cache.core.swa else 0)
-        cache.drain()
-        cache.core.evict_host(10 ** 6, 10 ** 6 if cache.core.swa else 0)
-    cache.check_invariants()
-    assert cache.core.tree.num_nodes == 0
-    for alloc in list(cache.core.device) + list(cache.core.host):
-        assert alloc.num_free == alloc.capacity, alloc
 
 
 def churn(d, convs=((0, 1, 2), (1, 2, 3), (2, 3, 0), (3, 0, 1)), rounds=2):

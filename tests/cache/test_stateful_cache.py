@@ -12,8 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 import hicache_jax as hc
 from driver import Driver, layout
-from faults import FaultyEngine
-from test_faults import empty_everything
+from faults import empty_everything, faulty_cache
 
 LAYOUTS = {name: layout(name) for name in ("tiny_v4", "tiny_v41", "tiny_gqa")}
 PROMPT = st.lists(st.integers(0, 2), min_size=1, max_size=3)   # blocks of one page each
@@ -27,10 +26,7 @@ class CacheMachine(RuleBasedStateMachine):
     def setup(self, name, policy, slow, device, host, first):
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
                                load_back_threshold=1)
-        self.faulty = FaultyEngine(hc.HiCache(LAYOUTS[name], cfg).engine)
-        if slow:
-            self.faulty.slow.update({"backup", "load"})
-        self.cache = hc.HiCache(LAYOUTS[name], cfg, engine=self.faulty)
+        self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow={"backup", "load"} if slow else ())
         self.driver = Driver(self.cache)
         self.seen = []
         for blocks in first:            # some conversations to come back to
