@@ -25,9 +25,10 @@ import jax
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
+from hicache_jax import validate
 from hicache_jax.config import HiCacheConfig
 from hicache_jax.layout import PoolLayout
-from hicache_jax.metrics import CacheStats, StatsCollector, Tally, snapshot
+from hicache_jax.metrics import CacheStats, FailureCause, StatsCollector, Tally, snapshot
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.transfer import TransferEngine
 from hicache_jax.transfer.engine import WARMUP_MAX_RUNS
@@ -39,10 +40,16 @@ log = logging.getLogger("hicache_jax")
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoadBack:
-    """The outcome of `load_back`. When it started, `total_len` tokens are usable once
-    `wait(...)` says it landed; when refused, the match's device prefix is what there is.
-    `device_pages`: anchor device pages of the usable prefix; `swa_pages`: SWA device
-    pages of its trailing window; `node`: the node to lock for it."""
+    """The outcome of `load_back`.
+
+    Started: `total_len` tokens are usable once `wait(...)` (or a `step()` reporting
+    `"load:<load_id>"`) says it landed, and `lock` pins them, from the start, until the
+    caller's `unlock(lock)`: whatever else the loop does meanwhile, `device_pages` (anchor
+    pages of the whole prefix) and `swa_pages` (SWA pages of its trailing window) stay
+    what they say. If the load fails, unlock it and use the match's device prefix.
+    Refused: nothing was taken and `lock` is None; the match's device prefix is what
+    there is (`device_pages`, `swa_pages`, `node` are the match's).
+    """
 
     load_id: int | None
     refused: Refusal | None
@@ -51,6 +58,7 @@ class LoadBack:
     device_pages: np.ndarray
     swa_pages: np.ndarray
     node: NodeId
+    lock: LockId | None = None
 
     @property
     def started(self) -> bool:
@@ -101,6 +109,10 @@ class HiCache:
             raise ValueError(f"HiCache takes a PoolLayout, got {type(layout).__name__}")
         if not isinstance(config, HiCacheConfig):
             raise ValueError(f"HiCache takes a HiCacheConfig, got {type(config).__name__}")
+        if mesh is not None and not isinstance(mesh, jax.sharding.Mesh):
+            raise ValueError(f"HiCache's mesh must be a jax.sharding.Mesh or None, got {type(mesh).__name__}")
+        if not callable(clock):
+            raise ValueError(f"HiCache's clock must be a callable returning seconds, got {clock!r}")
         self.layout, self.config = layout, config
         device, host = config.page_counts(layout)
         self.core = TreeCore(layout, device_pages=device, host_pages=host, write_policy=config.write_policy,
@@ -116,12 +128,15 @@ class HiCache:
         self._requested_tokens = 0
         self._failed_loads: set[int] = set()   # failed loads not yet reported by `wait`
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(StatsCollector(self.stats, lambda: self.tally.durations))
+        self.registry.register(StatsCollector(self.stats, lambda: self.tally.durations,
+                                              tuple(p.name for p in layout.byte_pools)))
 
     def warmup(self, max_pages: int | None = None, max_runs: int = WARMUP_MAX_RUNS) -> None:
         """Compile the transfer programs of every plan of up to `max_pages` pages per chunk in
         up to `max_runs` host runs, ahead of the first transfer (see `TransferEngine.warmup`)."""
-        self.engine.warmup(max_pages, max_runs)
+        if max_pages is not None:
+            validate.count("max_pages", max_pages, minimum=1)
+        self.engine.warmup(max_pages, validate.count("max_runs", max_runs, minimum=1))
 
     # -- device pools ----------------------------------------------------------------------
     @property
@@ -168,9 +183,10 @@ class HiCache:
             self.tally.refusals[job.value] += 1
             return self._checked(self._refused(match, job))
         if not self._start(Direction.LOAD, job.load_id, job.plan, host_tokens=job.total_len - match.device_len):
+            self.core.unlock(job.lock)
             return self._checked(self._refused(match, Refusal.FAILED))
         return self._checked(LoadBack(job.load_id, None, job.total_len, job.loaded_tokens,
-                                      job.device_pages, job.swa_pages, job.node))
+                                      job.device_pages, job.swa_pages, job.node, job.lock))
 
     def acquire(self, tokens, load_back: bool = True) -> Prefix:
         """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
@@ -180,6 +196,8 @@ class HiCache:
         serves other requests meanwhile uses `match_prefix` / `load_back` / `step` itself.
         A failed or refused load leaves the device part of the match, still pinned.
         """
+        if not isinstance(load_back, (bool, np.bool_)):
+            raise ValueError(f"acquire's load_back must be a bool, got {load_back!r}")
         tokens = as_tokens(tokens)
         m = self.match_prefix(tokens)
         if load_back and m.pending_len and self._land_backups():
@@ -192,8 +210,10 @@ class HiCache:
             lb = self._load_back(m, patient=True)
             if lb.started and self.wait(lb):
                 self.unlock(lock)
-                return Prefix(lb.total_len, lb.device_pages, lb.swa_pages, self.lock(lb.node),
+                return Prefix(lb.total_len, lb.device_pages, lb.swa_pages, lb.lock,
                               m.device_len, lb.total_len - m.device_len)
+            if lb.started:
+                self.unlock(lb.lock)
             refused = lb.refused or Refusal.FAILED
         return Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0, refused)
 
@@ -209,7 +229,10 @@ class HiCache:
         return moved / cfg.link_bytes_per_second > match.host_len * cfg.recompute_seconds_per_token
 
     def wait(self, load: LoadBack) -> bool:
-        """Block until `load` lands; True if its pages are valid, False if it failed (recompute)."""
+        """Block until `load` lands; True if its pages are valid, False if it failed (recompute).
+        Either way its lock stays held until the caller unlocks it."""
+        if not isinstance(load, LoadBack):
+            raise ValueError(f"wait takes a LoadBack, got {type(load).__name__}")
         if not load.started:
             return False
         entry = next((e for e in self._inflight if e.kind is Direction.LOAD and e.ident == load.load_id), None)
@@ -223,18 +246,23 @@ class HiCache:
     # -- write path and pages -----------------------------------------------------------------
     def alloc(self, pages: int, swa_pages: int = 0) -> dict[str, np.ndarray] | None:
         """Held device pages for a request: {allocator: i32[n]} (the SWA pool's entry present
-        whenever the layout has one), or None when even eviction cannot free enough (nothing
-        taken).
+        whenever the layout has one), or None when even eviction cannot free enough.
 
-        Pages under a backup cannot be evicted until it lands: when it comes up short while
-        backups are in flight, this waits for them (dispatching queued ones first) and tries
-        once more, so the answer does not depend on how fast the link is.
+        All or nothing: a bad count raises ValueError and a refusal returns None, both with
+        nothing taken and nothing evicted (a request that eviction cannot satisfy is refused
+        before anything is evicted). Pages under a backup cannot be evicted until it lands:
+        when it comes up short while backups are in flight, this waits for them (dispatching
+        queued ones first) and tries once more, so the answer does not depend on how fast
+        the link is. The pages are the caller's until given to `insert` or `free`.
         """
-        need = {self.core.anchor: pages}
+        need = {self.core.anchor: validate.count("pages", pages)}
+        swa_pages = validate.count("swa_pages", swa_pages)
         if self.core.swa is not None:
             need[self.core.swa] = swa_pages
         elif swa_pages:
             raise ValueError(f"swa_pages={swa_pages} but this layout has no SWA pool")
+        if any(n > self.core.device[a].capacity - self.core.held_pages(a) for a, n in need.items()):
+            return None     # more than every page not held by a request: waiting cannot help
         got = self.core.alloc_device(need)
         self._flush_demotions()
         if got is None and self._land_backups():
@@ -251,6 +279,9 @@ class HiCache:
         return bool(backups)
 
     def free(self, allocator: str, pages) -> None:
+        """Give back held device pages that were not given to `insert` (i32 page ids of
+        `allocator`, e.g. "kv" or "swa"). Pages not held by a request raise ValueError,
+        nothing freed."""
         self.core.free_device(allocator, pages)
         self._checked(None)
 
@@ -264,9 +295,9 @@ class HiCache:
         an unfinished C128 chunk, draft KV) is request-scoped and never backed up: the
         request recomputes from the returned length, it is never half-restored."""
         tokens = as_tokens(tokens)
-        pages = np.asarray(device_pages, np.int64).reshape(-1)
+        pages = validate.page_ids("device_pages", device_pages)
         whole = len(tokens) // self.layout.page_size
-        swa = dict(swa_pages or {})
+        swa = validate.page_map("swa_pages", swa_pages)
         keep = {k: v for k, v in swa.items() if k < whole}
         res = self.core.insert(tokens[: whole * self.layout.page_size], pages[:whole], keep)
         if pages.size > whole:
@@ -277,13 +308,22 @@ class HiCache:
         return self._checked(res.cached_len)
 
     def lock(self, node: NodeId) -> LockId:
-        return self.core.lock(node)
+        """Pin the prefix ending at `node` (a `MatchResult.device_node`) on device until
+        `unlock`: its pages and its window's SWA pages are not evicted meanwhile. Lock right
+        after `match_prefix`, before anything else can evict. A node whose pages are not
+        (or no longer) on device raises ValueError."""
+        return self._checked(self.core.lock(node))
 
     def unlock(self, lock: LockId) -> None:
+        """Release a lock from `lock`, `acquire` (`Prefix.lock`) or `load_back` (`LoadBack.lock`)."""
         self.core.unlock(lock)
         self._checked(None)
 
     def evict(self, num_pages: int, swa_pages: int = 0) -> EvictResult:
+        """Free at least `num_pages` anchor and `swa_pages` SWA device pages now, least
+        recently used first (locked prefixes never): backed-up pages stay on the host,
+        unbacked ones are backed up first under write-back, else dropped and counted.
+        Returns what was freed (less when too little is evictable)."""
         res = self.core.evict_device(num_pages, swa_pages)
         self._flush_demotions()
         return self._checked(res)
@@ -324,16 +364,16 @@ class HiCache:
             self._pools, handle = self.engine.start(plan, self._pools)
         except Exception:
             log.exception("%s %d failed to start", kind.value, ident)
-            self._fail(kind, ident, "start")
+            self._fail(kind, ident, FailureCause.START)
             return False
         self._inflight.append(_InFlight(kind, ident, plan, handle, self._clock(), host_tokens))
         return True
 
-    def _fail(self, kind: Direction, ident: int, cause: str) -> None:
+    def _fail(self, kind: Direction, ident: int, cause: FailureCause) -> None:
         """The tree takes the transfer back (its nodes return to a consistent state); counted."""
         (self.core.fail_backup if kind is Direction.BACKUP else self.core.fail_load)(ident)
-        self.tally.failures[(kind.value, cause)] += 1
-        if kind is Direction.LOAD and cause != "start":   # a started load's `wait` reports it
+        self.tally.failures[(kind.value, cause.value)] += 1
+        if kind is Direction.LOAD and cause is not FailureCause.START:   # a started load's `wait` reports it
             self._failed_loads.add(ident)
 
     def _complete(self, entry: _InFlight, blocking: bool) -> bool | None:
@@ -346,10 +386,10 @@ class HiCache:
             else:
                 done = entry.handle.done()
             if not done and self._clock() - entry.started > self.config.transfer_timeout_s:
-                cause = "timeout"
+                cause = FailureCause.TIMEOUT
         except Exception as e:
             log.error("%s %d failed: %s", entry.kind.value, entry.ident, e)
-            cause = "completion"
+            cause = FailureCause.COMPLETION
         if cause is None and not done:
             return None
         self._inflight.remove(entry)

@@ -13,6 +13,8 @@ import json
 import os
 from typing import Any
 
+from hicache_jax import validate
+
 MODEL_TYPES = ("deepseek_v4", "deepseek_v41", "gqa")
 KV_LAYOUTS = ("v4", "v41", "unified")
 INDEXER_DTYPES = ("fp8", "fp4")
@@ -214,27 +216,29 @@ class HiCacheConfig:
                 _check_count(f"host_pages[{k!r}]", v)
         elif self.host_pages is not None:
             _check_count("host_pages", self.host_pages)
-        if self.host_ratio is not None and not (isinstance(self.host_ratio, (int, float)) and self.host_ratio > 0):
-            raise ValueError(f"HiCacheConfig field 'host_ratio' must be a positive number, got {self.host_ratio!r}")
+        if self.host_ratio is not None:
+            validate.number(f"{_FIELD}'host_ratio'", self.host_ratio)
         if self.host_budget_bytes is not None:
             if not isinstance(self.host_budget_bytes, dict):
-                raise ValueError(f"HiCacheConfig field 'host_budget_bytes' must be {{allocator: bytes}}, "
+                raise ValueError(f"{_FIELD}'host_budget_bytes' must be {{allocator: bytes}}, "
                                  f"got {self.host_budget_bytes!r}")
             for k, v in self.host_budget_bytes.items():
                 _check_count(f"host_budget_bytes[{k!r}]", v)
-        if self.write_policy not in WRITE_POLICIES:
-            raise ValueError(f"HiCacheConfig field 'write_policy' must be one of {', '.join(WRITE_POLICIES)}; "
+        if not isinstance(self.write_policy, str) or self.write_policy not in WRITE_POLICIES:
+            raise ValueError(f"{_FIELD}'write_policy' must be one of {', '.join(WRITE_POLICIES)}; "
                              f"got {self.write_policy!r}")
         if self.write_through_threshold is not None:
             _check_count("write_through_threshold", self.write_through_threshold, minimum=1)
-        if not isinstance(self.load_back_threshold, int) or isinstance(self.load_back_threshold, bool):
-            raise ValueError(f"HiCacheConfig field 'load_back_threshold' must be an integer, got {self.load_back_threshold!r}")
+        if isinstance(self.load_back_threshold, bool) or not isinstance(self.load_back_threshold, int):
+            raise ValueError(f"{_FIELD}'load_back_threshold' must be an integer, got {self.load_back_threshold!r}")
         for name in ("recompute_seconds_per_token", "link_bytes_per_second", "transfer_timeout_s"):
             v = getattr(self, name)
-            if v is not None and not (isinstance(v, (int, float)) and v > 0):
-                raise ValueError(f"HiCacheConfig field {name!r} must be a positive number, got {v!r}")
+            if v is not None:
+                validate.number(f"{_FIELD}{name!r}", v)
         _check_count("max_staging_bytes", self.max_staging_bytes, minimum=1)
         _check_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
+        if not isinstance(self.check_invariants, bool):
+            raise ValueError(f"{_FIELD}'check_invariants' must be a bool, got {self.check_invariants!r}")
 
     def page_counts(self, layout) -> tuple[dict[str, int], dict[str, int]]:
         """(device pages, host pages) per allocator of `layout` (pure: no allocation)."""
@@ -259,6 +263,8 @@ class HiCacheConfig:
         return device, host
 
 
+_FIELD = "HiCacheConfig field "
+
+
 def _check_count(field: str, value, minimum: int = 0) -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise ValueError(f"HiCacheConfig field '{field}' must be an integer >= {minimum}, got {value!r}")
+    validate.count(f"{_FIELD}'{field}'", value, minimum)

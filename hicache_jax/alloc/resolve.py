@@ -13,6 +13,7 @@ from collections.abc import Callable, Mapping
 
 import numpy as np
 
+from hicache_jax import validate
 from hicache_jax.alloc.pages import PageAllocator
 from hicache_jax.alloc.slots import AnchorAllocator, NoAllocator
 from hicache_jax.layout import PoolKind, PoolLayout
@@ -73,13 +74,16 @@ class TierAllocators:
         """Allocate `need[allocator]` pages from every allocator, all or nothing.
 
         Mutates the allocators only on success. `reclaim` is called at most once, with the
-        pages still missing per allocator, and may free pages (e.g. evict host leaves).
+        pages still missing per allocator, and may free pages (e.g. evict host leaves); it
+        is not called for a request larger than an allocator's capacity, which no reclaim
+        can satisfy.
         """
         for name, n in need.items():
             if name not in self._pages:
                 raise ValueError(f"resolve names {name!r}, which has no {self.tier} allocator")
-            if n < 0:
-                raise ValueError(f"resolve of {n} {self.tier} pages of {name!r}")
+            validate.count(f"{self.tier} pages of {name!r}", n)
+            if n > self._pages[name].capacity:
+                return None
         for attempt in range(2):
             taken: dict[str, np.ndarray] = {}
             for name in self.order:

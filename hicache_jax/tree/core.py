@@ -15,6 +15,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from hicache_jax import validate
 from hicache_jax.alloc import TierAllocators
 from hicache_jax.layout import PoolLayout
 from hicache_jax.tree.evict import Eviction
@@ -25,7 +26,7 @@ from hicache_jax.tree.match import MatchResult, as_tokens, best_boundary, cap_to
 from hicache_jax.tree.node import ABSENT, Node, NodeId
 from hicache_jax.tree.policy import LockId, WritePolicy
 from hicache_jax.tree.radix import RadixTree
-from hicache_jax.tree.state import DEVICE_VALID, HOST_DURABLE, Residency
+from hicache_jax.tree.state import DEVICE_VALID, HOLDS_DEVICE, HOST_DURABLE, Residency
 from hicache_jax.tree.writes import WritePath
 
 
@@ -74,7 +75,7 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
     # -- ids, clock, held pages ------------------------------------------------------------
     def node(self, node_id: NodeId) -> Node:
         try:
-            return self._by_id[int(node_id)]
+            return self._by_id[validate.count("node id", node_id)]
         except KeyError:
             raise ValueError(f"node {node_id} is not in the tree (evicted or never existed)") from None
 
@@ -86,26 +87,65 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
         """Device pages for a request, all or nothing, evicting LRU leaves once if short.
 
         The pages are *held* by the caller until given to `insert` or `free_device`.
-        Under write-back, eviction may queue backups whose device pages are already free:
-        dispatch `take_backup_batch()` before the pages are written (see `needs_flush`).
+        A request that eviction cannot satisfy (more than the free pages plus every page
+        no lock pins) is refused before anything is evicted. Under write-back, eviction may
+        queue backups whose device pages are already free: dispatch `take_backup_batch()`
+        before the pages are written (see `needs_flush`). Bad counts raise ValueError
+        with nothing taken.
         """
-        for name in need:
-            if name not in self._held:
-                raise ValueError(f"no device allocator {name!r} (allocators: {list(self._held)})")
-        got = self.device.resolve(need, reclaim=lambda short: self.evict_device(short.get(self.anchor, 0),
-                                                                              short.get(self.swa, 0) if self.swa else 0))
+        need = self._checked_need(need)
+        got = self._resolve_device(need)
         if got is None:
             return None
         for name, pages in got.pages.items():
             self._held[name].update(pages.tolist())
         return {name: got.get(name) for name in need}
 
+    def _checked_need(self, need: Mapping[str, int]) -> dict[str, int]:
+        """Every count checked before anything is taken (a bad one raises, nothing changes)."""
+        out = {}
+        for name, n in need.items():
+            if name not in self._held:
+                raise ValueError(f"no device allocator {name!r} (allocators: {list(self._held)})")
+            out[name] = validate.count(f"pages of {name!r}", n)
+        return out
+
+    def _resolve_device(self, need: Mapping[str, int]):
+        """Take `need` device pages, evicting only when that can succeed (else None, nothing evicted)."""
+        if any(n > self.device[a].num_free for a, n in need.items()):
+            room = self.device_room()
+            if any(n > room[a] for a, n in need.items()):
+                return None
+        return self.device.resolve(need, reclaim=lambda short: self.evict_device(
+            short.get(self.anchor, 0), short.get(self.swa, 0) if self.swa else 0))
+
+    def device_room(self) -> dict[str, int]:
+        """Per allocator, the device pages a request could get now: free pages plus the tree's
+        pages that no lock pins (eviction can free every one of those; it cannot free held
+        pages, nor pages of a locked path: requests in use, backups and loads in flight)."""
+        pinned = self._pinned_device_pages()
+        return {a: self.device[a].capacity - len(self._held[a]) - pinned[a] for a in self._held}
+
+    def _pinned_device_pages(self) -> dict[str, int]:
+        pinned = dict.fromkeys(self._held, 0)
+        seen: set[int] = set()
+        for holder in self._locks.values():
+            for n in holder.path_to_root():     # a lock pins its node and every ancestor
+                if n.id in seen:
+                    break                       # ... which an earlier lock already counted
+                seen.add(n.id)
+                if n.device is not None:
+                    pinned[self.anchor] += len(n.device)
+                    if self.swa is not None:
+                        pinned[self.swa] += self._swa_count(n.swa_device)
+        return pinned
+
     def free_device(self, allocator: str, pages) -> None:
         """Return held device pages that never made it into the tree."""
-        pages = np.asarray(pages, dtype=np.int64).reshape(-1)
-        held = self._held.get(allocator)
+        held = self._held.get(allocator) if isinstance(allocator, str) else None
         if held is None:
-            raise ValueError(f"no device allocator {allocator!r}")
+            raise ValueError(f"no device allocator {allocator!r} (allocators: {list(self._held)})")
+        pages = validate.page_ids(f"pages freed to {allocator!r}", pages)
         not_held = [int(p) for p in pages if int(p) not in held]
         if not_held or len(set(pages.tolist())) != pages.size:
             raise ValueError(f"free of {allocator} device pages {not_held or pages.tolist()}: not held by a request")
@@ -117,8 +157,18 @@ class TreeCore(InsertPath, WritePath, ReadPath, Eviction):
 
     # -- locks ---------------------------------------------------------------------------
     def lock(self, node_id: NodeId) -> LockId:
-        """Pin `node` and its ancestors on device (no eviction) until `unlock`."""
+        """Pin `node` and its ancestors on device (no eviction) until `unlock`.
+
+        The node must hold device pages (or be the root, id 0: an empty prefix): a node
+        that is host-only or gone raises ValueError, so a lock never vouches for pages
+        that are not there.
+        """
         node = self.node(node_id)
+        if node.parent is not None and node.state not in HOLDS_DEVICE:
+            raise ValueError(f"lock of node {int(node_id)}: its pages are not on device (state {node.state.value})")
+        return self._lock(node)
+
+    def _lock(self, node: Node) -> LockId:
         lock = LockId(self._next_lock)
         self._next_lock += 1
         self._locks[lock.value] = node

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hicache_jax import validate
 from hicache_jax.tree.node import ABSENT, Node
 from hicache_jax.tree.policy import DropReason, EvictResult, WritePolicy
 from hicache_jax.tree.state import HOLDS_DEVICE, Event, Residency
@@ -63,8 +64,7 @@ class Eviction:
         missing come from SWA tombstones, LRU first. Returns what was freed, which may be
         less when too little is evictable.
         """
-        if num_pages < 0 or swa_pages < 0:
-            raise ValueError(f"evict of {num_pages} device pages / {swa_pages} SWA pages")
+        num_pages, swa_pages = validate.count("num_pages", num_pages), validate.count("swa_pages", swa_pages)
         freed = swa_freed = dropped = 0
         while freed < num_pages:
             node = self.device_lru.pop(self._device_evictable)
@@ -125,8 +125,7 @@ class Eviction:
     def evict_host(self, num_pages: int, swa_pages: int = 0) -> int:
         """Free at least `num_pages` anchor and `swa_pages` SWA host pages, LRU host leaves
         first, every pool of a node at once; returns anchor host pages freed."""
-        if num_pages < 0 or swa_pages < 0:
-            raise ValueError(f"evict of {num_pages} host pages / {swa_pages} SWA host pages")
+        num_pages, swa_pages = validate.count("num_pages", num_pages), validate.count("swa_pages", swa_pages)
         freed = swa_freed = 0
         while freed < num_pages or swa_freed < swa_pages:
             node = self.host_lru.pop(self._host_evictable)

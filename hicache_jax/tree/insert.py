@@ -12,6 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from hicache_jax import validate
 from hicache_jax.tree.match import as_tokens
 from hicache_jax.tree.node import ABSENT, Node
 from hicache_jax.tree.policy import InsertResult
@@ -33,8 +34,8 @@ class InsertPath:
         """
         tokens = as_tokens(tokens)
         page = self.page_size
-        dev = np.asarray(device_pages, dtype=np.int64).reshape(-1)
-        swa = {int(k): int(v) for k, v in (swa_pages or {}).items()}
+        dev = validate.page_ids("device_pages", device_pages)
+        swa = validate.page_map("swa_pages", swa_pages)
         if len(tokens) % page:
             raise ValueError(f"insert of {len(tokens)} tokens: must be whole pages of {page}")
         path = self.tree.walk(tokens)

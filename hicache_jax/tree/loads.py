@@ -5,6 +5,10 @@ when the move is not worth it or a node is owned by another load, locks the whol
 allocates device pages for every pool at once (evicting LRU device leaves once if short),
 and marks the host-only nodes LOADING. Only the SWA pages of the trailing window above the
 match point are brought back. `finish_load` / `fail_load` end it.
+
+Two locks pin the path: the load's own, released when the transfer ends, and the
+caller's (`LoadJob.lock`), released only by the caller, so the loaded pages cannot be
+evicted between the load landing and the request using them.
 """
 from __future__ import annotations
 
@@ -59,12 +63,11 @@ class ReadPath:
         if full_pages * self.page_size < max(1, self.load_back_threshold) and not swa_needs:
             return self._refuse(Refusal.BELOW_THRESHOLD)
 
-        lock = self.lock(node.id)       # before eviction may run: protects the whole path
+        lock = self._lock(node)         # before eviction may run: protects the whole path
         need = {self.anchor: full_pages}
         if self.swa is not None:
             need[self.swa] = len(swa_needs)
-        got = self.device.resolve(need, reclaim=lambda s: self.evict_device(s.get(self.anchor, 0),
-                                                                            s.get(self.swa, 0) if self.swa else 0))
+        got = self._resolve_device(need)
         if got is None:
             self.unlock(lock)
             return self._refuse(Refusal.NO_DEVICE_SPACE)
@@ -93,7 +96,9 @@ class ReadPath:
         plan = make_plan(self.layout, Direction.LOAD, pages)
         table, window = self._device_tables(chain)
         self.events["load_started"] += 1
-        return LoadJob(load_id, plan, node.id, match.total_len, full_pages * self.page_size, table, window)
+        # the caller's pin: from now until the caller unlocks it, whether or not the load lands
+        return LoadJob(load_id, plan, node.id, match.total_len, full_pages * self.page_size, table, window,
+                       self._lock(node))
 
     def _own(self, node: Node, load_id: int, record: _Load) -> None:
         if node.load_id not in (None, load_id):

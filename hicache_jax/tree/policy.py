@@ -72,7 +72,8 @@ class BackupBatch:
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoadJob:
     """A started load-back. `device_pages`: anchor device pages of the whole matched prefix
-    (i32[total_len / page]); `swa_pages`: SWA device pages of its trailing window."""
+    (i32[total_len / page]); `swa_pages`: SWA device pages of its trailing window; `lock`:
+    the caller's pin on that prefix, held until the caller unlocks it."""
 
     load_id: int
     plan: TransferPlan
@@ -81,6 +82,7 @@ class LoadJob:
     loaded_tokens: int   # FULL tokens moved
     device_pages: np.ndarray
     swa_pages: np.ndarray
+    lock: LockId
 
 
 @dataclasses.dataclass(frozen=True)

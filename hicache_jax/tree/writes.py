@@ -94,7 +94,7 @@ class WritePath:
         write = self._writes.setdefault(self._open_ack, _Write(set(), []))
         write.nodes.add(node)
         if lock:
-            write.locks.append(self.lock(node.id))
+            write.locks.append(self._lock(node))
         self._queue[node] = _Copy(node.device.copy(), node.host.copy(), swa_dev.copy(), swa_host)
         return True
 

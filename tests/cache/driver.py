@@ -67,8 +67,9 @@ class Driver:
                 got = pools[spec.name][:, int(page)]
                 assert got.tobytes() == want.tobytes(), f"{spec.name}: logical page {i} (device page {page}) is wrong"
 
-    def request(self, blocks, load=True, swa_every=False) -> int:
-        """Serve one prompt of `blocks` pages (+1 token); returns the tokens served from the cache."""
+    def request(self, blocks, load=True, swa_every=False, must_fit=True) -> int:
+        """Serve one prompt of `blocks` pages (+1 token); returns the tokens served from the cache.
+        With `must_fit=False` a request the device cannot hold now is turned away (returns -1)."""
         c = self.cache
         tokens = np.concatenate([seq(blocks), np.asarray([7], np.int32)])
         prefix = c.acquire(tokens, load_back=load)
@@ -79,6 +80,9 @@ class Driver:
         first, n = usable // P, len(blocks)
         swa = c.core.swa
         grant = c.alloc(n - first, (n - first) if swa else 0)
+        if grant is None and not must_fit:
+            c.unlock(prefix.lock)
+            return -1
         assert grant is not None, "device pool too small for one request"
         new = grant["kv"].tolist()
         writes = {c.core.anchor: [(p, tuple(blocks[: first + i + 1])) for i, p in enumerate(new)]}

@@ -46,11 +46,11 @@ def test_bad_tokens(cache, tokens):
     (dict(device_pages=4, write_policy="write_sometimes"), "write_policy.*'write_sometimes'"),
     (dict(device_pages=-1), "'device_pages' must be an integer >= 1, got -1"),
     (dict(device_pages=4, host_pages=-2), "'host_pages' must be an integer >= 0, got -2"),
-    (dict(device_pages=4, host_ratio=0), "'host_ratio' must be a positive number"),
+    (dict(device_pages=4, host_ratio=0), "'host_ratio' must be a finite positive number"),
     (dict(device_pages=4, host_pages=8, host_ratio=2.0), "one of host_pages, host_ratio"),
     (dict(device_pages=4, load_back_threshold=1.5), "'load_back_threshold' must be an integer"),
     (dict(device_pages=4, write_through_threshold=0), "'write_through_threshold' must be an integer >= 1"),
-    (dict(device_pages=4, transfer_timeout_s=-1), "'transfer_timeout_s' must be a positive number"),
+    (dict(device_pages=4, transfer_timeout_s=-1), "'transfer_timeout_s' must be a finite positive number"),
     (dict(device_pages=4.0), "'device_pages' must be an integer"),
 ])
 def test_config_validation(kwargs, match):

@@ -5,13 +5,18 @@ done only when waited on), then runs random requests, steps, drains, evictions a
 injected transfer failures. The driver writes bytes unique to (pool, token prefix) into
 every page it computes and checks every page the cache serves, from device or host, so a
 wrongly or half-restored prefix fails the test; `check_invariants()` runs after every call.
-At the end every page of every allocator must come back.
+A load-back through the pieces (`match_prefix` / `lock` / `load_back` / `step` / `wait`)
+has other requests' allocations, inserts and evictions interleaved between every step,
+and the pages it describes are checked when it is used. At the end every page of every
+allocator must come back.
 """
+import numpy as np
+import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 import hicache_jax as hc
-from driver import Driver, layout
+from driver import Driver, layout, seq
 from faults import empty_everything, faulty_cache
 
 LAYOUTS = {name: layout(name) for name in ("tiny_v4", "tiny_v41", "tiny_gqa")}
@@ -44,6 +49,50 @@ class CacheMachine(RuleBasedStateMachine):
             blocks = self.seen[pick % len(self.seen)] + ([pick % 3] if longer else [])
             self.driver.request(blocks[:4], swa_every=True)
 
+    @rule(pick=st.integers(0, 31), others=st.lists(st.sampled_from(["alloc", "request", "evict", "step"]),
+                                                    min_size=1, max_size=6), other=PROMPT)
+    def pieces_load(self, pick, others, other):
+        """An earlier prompt through the pieces path, with other work between every step."""
+        if not self.seen:
+            return
+        c, blocks = self.cache, self.seen[pick % len(self.seen)]
+        held = []                       # pages other requests hold while this one loads
+
+        def interleave(op):
+            if op == "alloc":           # another request takes pages and writes its own bytes into them
+                n = int(np.random.default_rng(len(held)).integers(1, 3))
+                grant = c.alloc(n, n if c.core.swa else 0)
+                if grant is not None:
+                    held.append(grant)
+                    self.driver.write({a: [(int(p), (9, 9, len(held))) for p in pages] for a, pages in grant.items()})
+            elif op == "request":
+                self.driver.request(other, must_fit=False)
+            elif op == "evict":
+                c.evict(10 ** 6, 10 ** 6 if c.core.swa else 0)
+            else:
+                c.step()
+
+        m = c.match_prefix(np.concatenate([seq(blocks), np.asarray([7], np.int32)]))
+        pin = c.lock(m.device_node)
+        lb = c.load_back(m) if m.host_len else None
+        for op in others:
+            interleave(op)
+        usable, table, window = m.device_len, m.device_pages, m.swa_pages
+        if lb is not None and lb.started:
+            if c.wait(lb):
+                for op in others:       # after it landed, before the request uses it
+                    interleave(op)
+                usable, table, window = lb.total_len, lb.device_pages, lb.swa_pages
+            c.unlock(pin)
+            pin = lb.lock
+        self.driver.verify(blocks, table, window)
+        assert len(table) * 256 == usable
+        c.unlock(pin)
+        for grant in held:
+            for allocator, pages in grant.items():
+                if len(pages):
+                    c.free(allocator, pages)
+
     @rule()
     def step(self):
         self.cache.step()
@@ -66,7 +115,7 @@ class CacheMachine(RuleBasedStateMachine):
             empty_everything(self.cache)
 
 
-TestCacheMachine = CacheMachine.TestCase
+TestCacheMachine = pytest.mark.slow(CacheMachine.TestCase)
 # Half the profile's examples: each one runs the real engine (CI: 20, about 25 s).
 TestCacheMachine.settings = settings(TestCacheMachine.settings, max_examples=max(1, settings().max_examples // 2),
                                      stateful_step_count=20, report_multiple_bugs=False)

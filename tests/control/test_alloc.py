@@ -71,11 +71,16 @@ def test_pools_without_allocator_refuse_everything():
 
 
 def test_resolve_is_all_or_nothing_with_one_reclaim():
-    tier = TierAllocators(layout("tiny_v4"), "host", {"kv": 8, "swa": 2})
+    tier = TierAllocators(layout("tiny_v4"), "host", {"kv": 8, "swa": 3})
+    taken = tier["swa"].alloc(1)
     calls = []
     assert tier.resolve({"kv": 3, "swa": 3}, reclaim=lambda short: calls.append(short)) is None
     assert calls == [{"kv": 0, "swa": 1}]                      # one reclaim, told what is missing
     assert (tier["kv"].num_free, tier["swa"].num_free) == (8, 2)  # the anchor pages were rolled back
+    assert tier.resolve({"kv": 1, "swa": 4}, reclaim=lambda short: calls.append(short)) is None
+    assert len(calls) == 1                                     # beyond capacity: no reclaim can help
+    tier["swa"].free(taken)
+    tier["swa"].alloc(1)
     got = tier.resolve({"kv": 3, "swa": 2})
     assert got.get("kv").size == 3 and got.get("swa").size == 2
     freed = []

@@ -72,7 +72,7 @@ class TreeMachine(RuleBasedStateMachine):
                 self.loads.append(job)
                 table, usable = list(job.device_pages.tolist()), job.total_len
                 c.unlock(pin)
-                pin = c.lock(job.node)
+                pin = job.lock                  # the load's pin for its caller
         try:
             self.compute_and_insert(b, tokens, table, usable, swa_pick)
         finally:

@@ -1,0 +1,57 @@
+"""Argument checks shared by the public edge and the control plane (pure Python + numpy).
+
+Every check raises `ValueError` naming the argument and the value it was given, so a
+caller mistake never surfaces as a `TypeError` from deep inside, and never after
+something has already changed: callers check every argument before they take anything.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+
+def count(name: str, value, minimum: int = 0) -> int:
+    """`value` as an int >= `minimum`: Python and numpy integers only (no bools, floats, strings)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def number(name: str, value, *, positive: bool = True) -> float:
+    """`value` as a finite float (> 0 when `positive`); ints and numpy numbers accepted, bools not."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"{name} must be a finite number, got {value!r} ({type(value).__name__})")
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(f"{name} must be a finite {'positive ' if positive else ''}number, got {value!r}")
+    return float(value)
+
+
+def page_ids(name: str, values) -> np.ndarray:
+    """i64[n] page ids from a 1-D sequence of integers; floats (even integral ones), bools,
+    negatives and nested shapes raise, so nothing is ever silently truncated."""
+    arr = values if isinstance(values, np.ndarray) else np.asarray(list(values) if not np.isscalar(values) else values)
+    if arr.size == 0 and arr.ndim <= 1:
+        return np.zeros((0,), np.int64)
+    if arr.ndim != 1 or arr.dtype == np.bool_ or not np.issubdtype(arr.dtype, np.integer):
+        raise ValueError(f"{name} must be a 1-D sequence of integer page ids, got {_describe(values, arr)}")
+    if arr.min() < 0:
+        raise ValueError(f"{name} must be non-negative page ids, got {arr.tolist()}")
+    return arr.astype(np.int64, copy=False)
+
+
+def page_map(name: str, mapping) -> dict[int, int]:
+    """{int: int} from a mapping of integer logical pages to integer page ids."""
+    if mapping is None:
+        return {}
+    if not hasattr(mapping, "items"):
+        raise ValueError(f"{name} must be a mapping {{logical page: page id}}, got {type(mapping).__name__}")
+    return {count(f"{name} key", k): count(f"{name}[{k!r}]", v) for k, v in mapping.items()}
+
+
+def _describe(values, arr: np.ndarray) -> str:
+    if arr.dtype == object or arr.dtype.kind in "US":
+        return repr(values)[:80]
+    return f"{arr.dtype} of shape {arr.shape}: {np.asarray(arr).ravel()[:8].tolist()}"
