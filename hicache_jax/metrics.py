@@ -10,13 +10,25 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import enum
 from collections import Counter
 from collections.abc import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+from hicache_jax.plan import Direction
+from hicache_jax.tree import DropReason, Refusal
+
 # transfer duration buckets, seconds: 50 us .. 10 s
 DURATION_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
+
+
+class FailureCause(enum.StrEnum):
+    """Where a transfer failed."""
+
+    START = "start"            # the engine raised while dispatching it
+    COMPLETION = "completion"  # the device reported an error
+    TIMEOUT = "timeout"        # not done within transfer_timeout_s
 
 
 @dataclasses.dataclass
@@ -68,46 +80,54 @@ class CacheStats:
 class StatsCollector:
     """A prometheus_client collector that renders the owning cache's current stats."""
 
-    def __init__(self, snapshot, histograms):
+    def __init__(self, snapshot, histograms, pools: tuple[str, ...]):
         self._snapshot = snapshot       # () -> CacheStats
         self._histograms = histograms   # () -> {direction: [bucket counts..., sum]}
+        self._pools = pools             # byte-holding pools: every per-pool series exists from the start
 
     def collect(self):
         s: CacheStats = self._snapshot()
         C, G = CounterMetricFamily, GaugeMetricFamily
-        for cls, name, doc, label, values in (
+        pools, directions = self._pools, tuple(d.value for d in Direction)
+        # every known label set is exported from the start (at 0), so a dashboard shows 0, not "no data"
+        for cls, name, doc, label, values, known in (
             (C, "hicache_hit_tokens", "Prompt tokens served from the cache, by tier", "tier",
-             {"device": s.device_hit_tokens, "host": s.host_hit_tokens}),
-            (C, "hicache_backup_tokens", "Tokens backed up device->host, per pool", "pool", s.backup_tokens),
-            (C, "hicache_backup_bytes", "Bytes backed up device->host, per pool", "pool", s.backup_bytes),
-            (C, "hicache_load_back_tokens", "Tokens loaded back host->device, per pool", "pool", s.load_tokens),
-            (C, "hicache_load_back_bytes", "Bytes loaded back host->device, per pool", "pool", s.load_bytes),
-            (C, "hicache_evicted_tokens", "Anchor tokens evicted, by tier", "tier", s.evicted_tokens),
-            (C, "hicache_transfers", "Completed transfers", "direction", s.transfers),
-            (C, "hicache_transfer_failures", "Failed transfers (direction/cause)", "kind", s.failures),
-            (C, "hicache_load_back_refused", "Load-backs not started, by reason", "reason", s.load_refusals),
-            (G, "hicache_host_used_bytes", "Host bytes holding cached pages, per pool", "pool", s.host_used_bytes),
-            (G, "hicache_host_capacity_bytes", "Host bytes of the pool", "pool", s.host_capacity_bytes),
+             {"device": s.device_hit_tokens, "host": s.host_hit_tokens}, ()),
+            (C, "hicache_backup_tokens", "Tokens backed up device->host, per pool", "pool", s.backup_tokens, pools),
+            (C, "hicache_backup_bytes", "Bytes backed up device->host, per pool", "pool", s.backup_bytes, pools),
+            (C, "hicache_load_back_tokens", "Tokens loaded back host->device, per pool", "pool", s.load_tokens, pools),
+            (C, "hicache_load_back_bytes", "Bytes loaded back host->device, per pool", "pool", s.load_bytes, pools),
+            (C, "hicache_evicted_tokens", "Anchor tokens evicted, by tier", "tier", s.evicted_tokens, ()),
+            (C, "hicache_transfers", "Completed transfers", "direction", s.transfers, directions),
+            (C, "hicache_transfer_failures", "Failed transfers (direction/cause)", "kind", s.failures,
+             tuple(f"{d}/{c.value}" for d in directions for c in FailureCause)),
+            (C, "hicache_load_back_refused", "Load-backs not started, by reason", "reason", s.load_refusals,
+             tuple(r.value for r in Refusal)),
+            (G, "hicache_host_used_bytes", "Host bytes holding cached pages, per pool", "pool", s.host_used_bytes, ()),
+            (G, "hicache_host_capacity_bytes", "Host bytes of the pool", "pool", s.host_capacity_bytes, ()),
             (G, "hicache_device_used_bytes", "Device bytes in use (cached, held, in flight), per pool", "pool",
-             s.device_used_bytes),
-            (G, "hicache_device_capacity_bytes", "Device bytes of the pool", "pool", s.device_capacity_bytes),
-            (G, "hicache_transfers_in_flight", "Transfers dispatched, not yet complete", "direction", s.in_flight),
+             s.device_used_bytes, ()),
+            (G, "hicache_device_capacity_bytes", "Device bytes of the pool", "pool", s.device_capacity_bytes, ()),
+            (G, "hicache_transfers_in_flight", "Transfers dispatched, not yet complete", "direction", s.in_flight,
+             directions),
         ):
             fam = cls(name, doc, labels=[label])
-            for key, v in sorted(values.items()):
+            for key, v in sorted({**dict.fromkeys(known, 0), **values}.items()):
                 fam.add_metric([key], v)
             yield fam
         yield CounterMetricFamily("hicache_miss_tokens", "Matched prompt tokens the cache could not serve",
                                   value=s.miss_tokens)
         dropped = CounterMetricFamily("hicache_dropped_tokens", "Device tokens destroyed without a host copy",
                                       labels=["pool", "reason"])
-        for pool, reasons in sorted(s.dropped_tokens.items()):
+        for pool in pools:
+            reasons = {**dict.fromkeys((r.value for r in DropReason), 0), **s.dropped_tokens.get(pool, {})}
             for reason, v in sorted(reasons.items()):
                 dropped.add_metric([pool, reason], v)
         yield dropped
         hist = HistogramMetricFamily("hicache_transfer_seconds", "Transfer time, start to observed completion",
                                      labels=["direction"])
-        for direction, counts in sorted(self._histograms().items()):
+        empty = [0] * (len(DURATION_BUCKETS) + 1) + [0.0]
+        for direction, counts in sorted({**dict.fromkeys(directions, empty), **self._histograms()}.items()):
             cumulative, buckets = 0, []
             for bound, c in zip((*map(str, DURATION_BUCKETS), "+Inf"), counts[:-1]):
                 cumulative += c

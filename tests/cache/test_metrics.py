@@ -29,7 +29,23 @@ def test_sidecar_and_state_pools_show_backup_bytes():
     assert value(text, "hicache_transfers_total", direction="backup") == 1
     assert value(text, 'hicache_transfer_seconds_count', direction="backup") == 1
     # a second cache in the same process counts nothing of the first's
-    assert value(other.metrics_text(), "hicache_backup_bytes_total", pool="swa") is None
+    assert value(other.metrics_text(), "hicache_backup_bytes_total", pool="swa") == 0
+
+
+def test_every_known_label_set_is_exported_at_zero_from_the_start():
+    cache = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=12))
+    text = cache.metrics_text()
+    for kind in ("backup/start", "backup/completion", "backup/timeout", "load/start", "load/completion", "load/timeout"):
+        assert value(text, "hicache_transfer_failures_total", kind=kind) == 0
+    for reason in hc.Refusal:
+        assert value(text, "hicache_load_back_refused_total", reason=reason.value) == 0
+    for pool in ("swa", "deepseek_v4_c4", "deepseek_v4_c4_state"):
+        for reason in ("write_through_unbacked_eviction", "host_pressure", "backup_failed"):
+            assert value(text, "hicache_dropped_tokens_total", pool=pool, reason=reason) == 0
+        assert value(text, "hicache_load_back_bytes_total", pool=pool) == 0
+    for direction in ("backup", "load"):
+        assert value(text, "hicache_transfers_total", direction=direction) == 0
+        assert value(text, "hicache_transfer_seconds_count", direction=direction) == 0
 
 
 def test_dropped_tokens_are_labelled_by_pool_and_reason():
