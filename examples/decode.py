@@ -25,6 +25,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
+from hicache_jax.config import WRITE_POLICIES  # noqa: E402
 from examples.serving_loop import Outcome, run_cached, run_uncached  # noqa: E402
 from examples.tiny_models import make_model  # noqa: E402
 
@@ -103,36 +104,83 @@ def summary(cache: hc.HiCache, cached: list[Outcome], plain: list[Outcome]) -> s
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default=str(ROOT / "configs" / "tiny_v4.json"))
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--requests", type=int, default=12)
-    ap.add_argument("--turns", type=int, default=3)
-    ap.add_argument("--device-pages", type=int, default=8)
-    ap.add_argument("--host-pages", type=int, default=64)
-    ap.add_argument("--write-policy", default="write_through", choices=["write_through", "write_through_selective", "write_back"])
-    ap.add_argument("--system-tokens", type=int, default=512)
-    ap.add_argument("--user-tokens", type=int, default=400)
-    ap.add_argument("--followup-tokens", type=int, default=120)
-    ap.add_argument("--gen-tokens", type=int, default=12)
+def parse_args(argv=None) -> argparse.Namespace:
+    """Flags, each checked before any work starts; a bad one ends the run with one line
+    naming the problem and the flag to change."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--config", default="configs/tiny_v4.json",
+                    help="model config JSON (a relative path not found here is looked up in the repository)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the model weights and the prompts")
+    ap.add_argument("--requests", type=int, default=12, help="requests in all (round-robin over conversations)")
+    ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
+    ap.add_argument("--device-pages", type=int, default=8, help="device tier size, in anchor pages (and SWA pages)")
+    ap.add_argument("--host-pages", type=int, default=64, help="host tier size, in pages per allocator")
+    ap.add_argument("--write-policy", default="write_through", choices=list(WRITE_POLICIES),
+                    help="when device pages are backed up to the host")
+    ap.add_argument("--system-tokens", type=int, default=512, help="shared system prompt length")
+    ap.add_argument("--user-tokens", type=int, default=400, help="first user message: this many tokens, up to twice")
+    ap.add_argument("--followup-tokens", type=int, default=120, help="follow-up message: this many tokens, up to +63")
+    ap.add_argument("--gen-tokens", type=int, default=12, help="tokens generated per request")
     ap.add_argument("--max-pages", type=int, default=8, help="model context, in pages")
     ap.add_argument("--preempt-every", type=int, default=5, help="preempt every Nth request mid-decode (0: never)")
-    ap.add_argument("--metrics-out", default=None, help="write the cache's Prometheus text here")
-    ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call")
-    ap.add_argument("--quiet", dest="progress", action="store_false")
+    ap.add_argument("--metrics-out", default=None, help="write the cache's Prometheus text to this file at the end")
+    ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call (slow)")
+    ap.add_argument("--quiet", dest="progress", action="store_false", help="no per-request lines")
     args = ap.parse_args(argv)
     for name in ("requests", "turns", "device_pages", "host_pages", "gen_tokens", "max_pages"):
         if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("system_tokens", "user_tokens", "followup_tokens", "preempt_every"):
+        if getattr(args, name) < 0:
+            ap.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    config = pathlib.Path(args.config)
+    if not config.exists() and not config.is_absolute() and (ROOT / config).exists():
+        config = ROOT / config
+    try:
+        args.layout = hc.build_layout(hc.load_model_config(config))
+    except (OSError, ValueError) as e:
+        ap.error(f"--config {args.config}: {e.strerror if isinstance(e, OSError) else e}")
+    if args.layout.model.vocab_size < 2:
+        ap.error(f"--config {args.config}: the example's model needs vocab_size >= 2")
+    pages = -(-longest_request(args) // args.layout.page_size)
+    for flag, have in (("--max-pages", args.max_pages), ("--device-pages", args.device_pages)):
+        if pages > have:
+            ap.error(f"the longest request needs {pages} pages of context but {flag} is {have}: raise {flag} "
+                     f"(or shorten the prompts: --system-tokens, --user-tokens, --followup-tokens, --turns, --gen-tokens)")
+    if args.metrics_out:
+        try:
+            with open(args.metrics_out, "a"):
+                pass
+        except OSError as e:
+            ap.error(f"--metrics-out {args.metrics_out}: cannot write there ({e.strerror})")
+    return args
 
-    layout = hc.build_layout(hc.load_model_config(args.config))
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def longest_request(args) -> int:
+    """Tokens of the longest request (prompt + generated), from the workload's shape alone."""
+    system, firsts, follow, order = workload(args, args.layout.model.vocab_size)   # the run's own draws
+    history, longest = {}, 0
+    for c, t in order:
+        n = history.get(c, len(system) + len(firsts[c])) + (len(follow[c][t]) if t else 0)
+        longest = max(longest, n + args.gen_tokens)
+        history[c] = n + args.gen_tokens
+    return longest
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    layout = args.layout
     model = make_model(layout, seed=args.seed, max_pages=args.max_pages)
     print(f"{layout.model.name}: {len(layout.pools)} pools, {args.requests} requests, device {args.device_pages} pages, "
           f"host {args.host_pages} pages, {args.write_policy}, jax {jax.__version__} on {jax.devices()[0].platform}",
           flush=True)
     cache = hc.HiCache(layout, hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
                                                 write_policy=args.write_policy, check_invariants=args.check))
+    print("compiling the transfer programs and the model (a one-off, some seconds) ...", flush=True)
     cache.warmup(args.max_pages)
     warm_up(model, cache)
     t0 = time.perf_counter()

@@ -9,7 +9,9 @@ import importlib
 
 from hicache_jax.config import HiCacheConfig, ModelConfig, load_model_config
 from hicache_jax.layout import PoolLayout, PoolSpec, build_layout
-from hicache_jax.tree import MatchResult
+from hicache_jax.tree import EvictResult, InsertResult, LockId, MatchResult, Refusal
+
+__version__ = "0.1.0"
 
 # name -> module that defines it; imported on first access (these import jax).
 _LAZY: dict[str, str] = {
@@ -18,6 +20,7 @@ _LAZY: dict[str, str] = {
     "Prefix": "hicache_jax.cache",
     "StepReport": "hicache_jax.cache",
     "CacheStats": "hicache_jax.metrics",
+    "TransferEngine": "hicache_jax.transfer",
 }
 
 
@@ -27,5 +30,5 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hicache_jax' has no attribute {name!r}")
 
 
-__all__ = ["HiCacheConfig", "MatchResult", "ModelConfig", "PoolLayout", "PoolSpec", "build_layout",
-           "load_model_config", *_LAZY]
+__all__ = ["EvictResult", "HiCacheConfig", "InsertResult", "LockId", "MatchResult", "ModelConfig", "PoolLayout",
+           "PoolSpec", "Refusal", "__version__", "build_layout", "load_model_config", *_LAZY]

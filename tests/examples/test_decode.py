@@ -24,3 +24,30 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
     assert result["recomputed_tokens"] < result["no_cache_computed_tokens"]
     text = metrics.read_text()
     assert "hicache_load_back_bytes_total" in text and "hicache_hit_tokens_total" in text
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["--config", "no/such/config.json"], "--config no/such/config.json: No such file"),
+    (["--config", "README.md"], "not valid JSON"),
+    (["--metrics-out", "/no/such/dir/metrics.prom"], "--metrics-out /no/such/dir/metrics.prom: cannot write"),
+    (["--system-tokens", "3000"], "needs 16 pages of context but --max-pages is 8: raise --max-pages"),
+    (["--max-pages", "16", "--system-tokens", "3000"], "but --device-pages is 8: raise --device-pages"),
+    (["--preempt-every", "-1"], "--preempt-every must be >= 0, got -1"),
+    (["--requests", "0"], "--requests must be >= 1, got 0"),
+])
+def test_bad_flags_are_one_line_before_any_work(argv, flag, capsys, monkeypatch):
+    monkeypatch.setattr(decode, "make_model", lambda *a, **k: pytest.fail("work started before the flags were checked"))
+    with pytest.raises(SystemExit) as exc:
+        decode.main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and flag in err[-1] and "Traceback" not in "\n".join(err)
+
+
+def test_every_flag_has_help_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        decode.main(["--help"])
+    out = capsys.readouterr().out
+    for flag in ("--seed", "--requests", "--device-pages", "--host-pages", "--write-policy", "--max-pages",
+                 "--preempt-every", "--metrics-out"):
+        assert flag in out
+    assert out.count("(default:") >= 14

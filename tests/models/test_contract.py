@@ -17,6 +17,7 @@ def rows_changed(spec, before: np.ndarray, after: np.ndarray) -> np.ndarray:
     return (db != da).any(axis=-1) | (sb != sa).any(axis=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41", "tiny_gqa"])
 def test_writes_exactly_the_rows_of_valid_positions(name):
     """Page 3 with 5 valid tokens: swa rows 0-4, ring rows 0-4, complete compressed entries only."""

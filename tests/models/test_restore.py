@@ -18,6 +18,7 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ALL)
 @pytest.mark.parametrize("k,fill", [(1, "random"), (2, "nan"), (3, "random")])
 def test_restored_prefix_gives_identical_logits(name, k, fill):

@@ -216,6 +216,7 @@ def test_allocators_without_byte_pools_move_nothing():
     handle.wait()
 
 
+@pytest.mark.slow
 def test_benchmark_smoke_mode_runs(tmp_path):
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "PYTHONPATH": str(ROOT)}
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_transfer.py"), "--smoke", "--skip", "gqa,kernel_correctness",
