@@ -66,9 +66,9 @@ def build(core: TreeCore, prompts, page: int, swa: bool, insert_us: list, sizes:
         need = {"kv": n_new, **({"swa": 1} if swa else {})}
         got = core.alloc_device(need)
         table = np.concatenate([m.device_pages, got["kv"]])
-        swa_pages = {len(p) // page - 1: int(got["swa"][0])} if swa else None
+        window = {"swa": {len(p) // page - 1: int(got["swa"][0])}} if swa else None
         t = time.perf_counter()
-        core.insert(p, table, swa_pages)
+        core.insert(p, table, window)
         insert_us.append(time.perf_counter() - t)
         sizes.append(core.tree.num_nodes)
 
@@ -99,7 +99,7 @@ def run(layout_name: str, num_prompts: int, prompt_tokens: int, make_trace, seed
     evict_s, evict_pages = [], []
     for _ in range(min(2000, core.tree.num_nodes // 2)):
         t = time.perf_counter()
-        r = core.evict_device(8)
+        r = core.evict_device({"kv": 8})
         evict_s.append(time.perf_counter() - t)
         evict_pages.append(r.device_pages)
         while (b := core.take_backup_batch()) is not None:   # write-back demotions: ack at once

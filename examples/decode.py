@@ -25,7 +25,6 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
-from hicache_jax.config import WRITE_POLICIES  # noqa: E402
 from examples.serving_loop import Outcome, run_cached, run_uncached  # noqa: E402
 from examples.tiny_models import make_model  # noqa: E402
 
@@ -115,7 +114,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--turns", type=int, default=3, help="turns per conversation")
     ap.add_argument("--device-pages", type=int, default=8, help="device tier size, in anchor pages (and SWA pages)")
     ap.add_argument("--host-pages", type=int, default=64, help="host tier size, in pages per allocator")
-    ap.add_argument("--write-policy", default="write_through", choices=list(WRITE_POLICIES),
+    ap.add_argument("--write-policy", default="write_through", choices=[p.value for p in hc.WritePolicyName],
                     help="when device pages are backed up to the host")
     ap.add_argument("--system-tokens", type=int, default=512, help="shared system prompt length")
     ap.add_argument("--user-tokens", type=int, default=400, help="first user message: this many tokens, up to twice")
@@ -187,7 +186,7 @@ def main(argv=None) -> int:
     with_cache = serve(args, model, cache)
     t1 = time.perf_counter()
     # same model, same pool shapes and placement: the same compiled program, with no cache
-    without = serve(args, model, cache, pools=cache.engine.init_device_pools())
+    without = serve(args, model, cache, pools=cache.empty_device_pools())
     t2 = time.perf_counter()
     same = identical(with_cache, without)
     print(summary(cache, with_cache, without))

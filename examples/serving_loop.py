@@ -88,12 +88,12 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     out.device_hit += prefix.device_tokens
     out.host_hit += prefix.host_tokens
     first, total = usable // P, -(-(len(prompt) + gen) // P)
-    need = (total - first, total - first if cache.core.swa else 0)
-    grant = cache.alloc(*need)
+    swa_alloc = cache.swa_allocator
+    grant = cache.alloc(total - first, total - first if swa_alloc else 0)
     if grant is None:
         raise RuntimeError(f"device pool too small for a request of {total} pages")
-    new = grant["kv"].tolist()
-    swa_new = grant.get("swa", np.zeros(0, np.int32)).tolist()
+    new = grant[cache.anchor].tolist()
+    swa_new = grant[swa_alloc].tolist() if swa_alloc else []
     swa = {first - len(window) + i: int(p) for i, p in enumerate(window)}
     swa.update({first + i: p for i, p in enumerate(swa_new)})
     req = PagedRequest(model, cache.device_pools, seq, table.tolist() + new, swa)
@@ -108,7 +108,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     whole = n // P
     # the tree keeps the SWA page of every whole page computed here (any of them may become
     # a prefix boundary); under SWA pressure it drops the least recently used ones
-    keep = {q: swa[q] for q in range(first, whole)} if cache.core.swa is not None else {}
+    keep = {q: swa[q] for q in range(first, whole)} if swa_alloc else {}
     if len(out.tokens) < gen:
         out.resume_len = cache.retract(req.seq[:n], req.anchor[:-(-n // P)], keep)
         extra_pages = req.anchor[-(-n // P):]
@@ -116,10 +116,10 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
         cache.insert(np.asarray(req.seq[:whole * P], np.int32), req.anchor[:whole], keep)
         extra_pages = req.anchor[whole:]
     if extra_pages:
-        cache.free(cache.core.anchor, extra_pages)
+        cache.free(cache.anchor, extra_pages)
     unused_swa = [p for p in swa_new if p not in keep.values()]
     if unused_swa:
-        cache.free(cache.core.swa, unused_swa)
+        cache.free(swa_alloc, unused_swa)
     cache.unlock(prefix.lock)
     cache.step()
     return out

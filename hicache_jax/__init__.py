@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import importlib
 
-from hicache_jax.config import HiCacheConfig, ModelConfig, load_model_config
+from hicache_jax.config import HiCacheConfig, ModelConfig, WritePolicyName, load_model_config
 from hicache_jax.layout import PoolLayout, PoolSpec, build_layout
+from hicache_jax.outcomes import LoadBack, Prefix, StepReport
 from hicache_jax.tree import EvictResult, InsertResult, LockId, MatchResult, Refusal
 
 __version__ = "0.1.0"
@@ -16,9 +17,6 @@ __version__ = "0.1.0"
 # name -> module that defines it; imported on first access (these import jax).
 _LAZY: dict[str, str] = {
     "HiCache": "hicache_jax.cache",
-    "LoadBack": "hicache_jax.cache",
-    "Prefix": "hicache_jax.cache",
-    "StepReport": "hicache_jax.cache",
     "CacheStats": "hicache_jax.metrics",
     "TransferEngine": "hicache_jax.transfer",
 }
@@ -30,5 +28,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hicache_jax' has no attribute {name!r}")
 
 
-__all__ = ["EvictResult", "HiCacheConfig", "InsertResult", "LockId", "MatchResult", "ModelConfig", "PoolLayout",
-           "PoolSpec", "Refusal", "__version__", "build_layout", "load_model_config", *_LAZY]
+__all__ = ["EvictResult", "HiCacheConfig", "InsertResult", "LoadBack", "LockId", "MatchResult", "ModelConfig",
+           "PoolLayout", "PoolSpec", "Prefix", "Refusal", "StepReport", "WritePolicyName", "__version__",
+           "build_layout", "load_model_config", *_LAZY]

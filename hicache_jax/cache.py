@@ -10,6 +10,9 @@ happen before any later step writes, so no call here blocks on a transfer except
 `drain`, and `acquire` / `alloc` when they come up short while backups are in flight (a
 slow link must not turn into a refusal a fast one would not have given).
 
+Every transfer the tree commits has a `TransferId`; the engine's handle for it is kept
+here under that id (`_flights`), and `check_invariants` proves the two sets agree.
+
 Serving-loop contract (see README): match -> lock -> (load_back -> wait) -> alloc -> model
 steps with `device_pools` / `set_device_pools` -> insert + free -> unlock; `step()` once
 per iteration.
@@ -29,73 +32,23 @@ from hicache_jax import validate
 from hicache_jax.config import HiCacheConfig
 from hicache_jax.layout import PoolLayout
 from hicache_jax.metrics import CacheStats, FailureCause, StatsCollector, Tally, snapshot
+from hicache_jax.outcomes import LoadBack, Prefix, StepReport
 from hicache_jax.plan import Direction, TransferPlan
-from hicache_jax.transfer import TransferEngine
+from hicache_jax.transfer import Handle, TransferEngine
 from hicache_jax.transfer.engine import WARMUP_MAX_RUNS
-from hicache_jax.tree import (EvictResult, InsertResult, LoadJob, LockId, MatchResult, NodeId, Refusal, TreeCore,
-                              as_tokens)
+from hicache_jax.tree import (EvictResult, InsertResult, LoadCost, LoadJob, LockId, MatchResult, NodeId, Refusal,
+                              Tier, TransferId, TreeCore, as_tokens)
 
 log = logging.getLogger("hicache_jax")
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class LoadBack:
-    """The outcome of `load_back`.
-
-    Started: `total_len` tokens are usable once `wait(...)` (or a `step()` reporting
-    `"load:<load_id>"`) says it landed, and `lock` pins them, from the start, until the
-    caller's `unlock(lock)`: whatever else the loop does meanwhile, `device_pages` (anchor
-    pages of the whole prefix) and `swa_pages` (SWA pages of its trailing window) stay
-    what they say. If the load fails, unlock it and use the match's device prefix.
-    Refused: nothing was taken and `lock` is None; the match's device prefix is what
-    there is (`device_pages`, `swa_pages`, `node` are the match's).
-    """
-
-    load_id: int | None
-    refused: Refusal | None
-    total_len: int
-    loaded_tokens: int
-    device_pages: np.ndarray
-    swa_pages: np.ndarray
-    node: NodeId
-    lock: LockId | None = None
-
-    @property
-    def started(self) -> bool:
-        return self.refused is None
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Prefix:
-    """A prompt's usable cached prefix, pinned on device until `cache.unlock(prefix.lock)`.
-
-    `length` tokens (page-aligned) whose anchor pages are `device_pages` and whose trailing
-    window's SWA pages are `swa_pages`; `device_tokens` of them were already on device,
-    `host_tokens` were loaded back. `refused` says why a host hit was not loaded, if so.
-    """
-
-    length: int
-    device_pages: np.ndarray
-    swa_pages: np.ndarray
-    lock: LockId
-    device_tokens: int
-    host_tokens: int
-    refused: Refusal | None = None
-
-
-@dataclasses.dataclass(frozen=True)
-class StepReport:
-    dispatched_backup_tokens: int
-    completed: tuple[str, ...]   # "backup:<ack>" / "load:<id>" completed this step
-    failed: tuple[str, ...]      # the same for transfers that failed or timed out
+_EMPTY = np.zeros((0,), np.int32)
 
 
 @dataclasses.dataclass
-class _InFlight:
-    kind: Direction
-    ident: int                   # ack id or load id
+class _Flight:
+    """The engine's side of a transfer the tree committed."""
+
     plan: TransferPlan
-    handle: object
+    handle: Handle
     started: float
     host_tokens: int = 0         # a load's prompt tokens served from the host, counted when it lands
 
@@ -117,12 +70,14 @@ class HiCache:
         device, host = config.page_counts(layout)
         self.core = TreeCore(layout, device_pages=device, host_pages=host, write_policy=config.write_policy,
                              write_threshold=config.write_through_threshold,
-                             load_back_threshold=config.load_back_threshold)
+                             load_back_threshold=config.load_back_threshold,
+                             load_cost=LoadCost(config.recompute_seconds_per_token, config.link_bytes_per_second))
         self.engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, max_staging_bytes=config.max_staging_bytes,
             host_memory_limit_bytes=config.host_memory_limit_bytes)
         self._pools = self.engine.init_device_pools()
-        self._inflight: list[_InFlight] = []
+        self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
+        self._flights: dict[TransferId, _Flight] = {}
         self._clock = clock
         self.tally = Tally()
         self._requested_tokens = 0
@@ -130,6 +85,27 @@ class HiCache:
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(StatsCollector(self.stats, lambda: self.tally.durations,
                                               tuple(p.name for p in layout.byte_pools)))
+
+    # -- what a serving loop needs to know --------------------------------------------------
+    @property
+    def anchor(self) -> str:
+        """The anchor allocator's name: the key of a grant's (and a table's) anchor pages."""
+        return self.core.anchor
+
+    @property
+    def swa_allocator(self) -> str | None:
+        """The sliding-window allocator's name (`swa_pages` everywhere), or None without one."""
+        return self._swa
+
+    @property
+    def window_pages(self) -> int:
+        """SWA pages the trailing window of a prefix needs (0 without a sliding window)."""
+        return self.layout.window_pages() if self._swa else 0
+
+    def empty_device_pools(self) -> dict[str, jax.Array]:
+        """Zero-filled pools of the same shapes and placement as `device_pools`, owned by the
+        caller (e.g. to run the model with no cache at all)."""
+        return self.engine.init_device_pools()
 
     def warmup(self, max_pages: int | None = None, max_runs: int = WARMUP_MAX_RUNS) -> None:
         """Compile the transfer programs of every plan of up to `max_pages` pages per chunk in
@@ -171,22 +147,18 @@ class HiCache:
     def _load_back(self, match: MatchResult, patient: bool) -> LoadBack:
         """`load_back`; when `patient`, backups in flight that pin the room it needs are
         waited for rather than refused."""
-        if self._not_worth_it(match):
-            self.tally.refusals[Refusal.NOT_WORTH_IT.value] += 1
-            return self._checked(self._refused(match, Refusal.NOT_WORTH_IT))
         job = self.core.start_load(match)
         self._flush_demotions()
         if job is Refusal.NO_DEVICE_SPACE and patient and self._land_backups():
             job = self.core.start_load(match)
             self._flush_demotions()
         if not isinstance(job, LoadJob):
-            self.tally.refusals[job.value] += 1
             return self._checked(self._refused(match, job))
-        if not self._start(Direction.LOAD, job.load_id, job.plan, host_tokens=job.total_len - match.device_len):
+        if not self._start(job.transfer, job.plan, host_tokens=job.total_len - match.device_len):
             self.core.unlock(job.lock)
             return self._checked(self._refused(match, Refusal.FAILED))
-        return self._checked(LoadBack(job.load_id, None, job.total_len, job.loaded_tokens,
-                                      job.device_pages, job.swa_pages, job.node, job.lock))
+        return self._checked(LoadBack(job.load_id, None, job.total_len, job.loaded_tokens, job.device_pages,
+                                      job.window_pages.get(self._swa, _EMPTY), job.node, job.lock))
 
     def acquire(self, tokens, load_back: bool = True) -> Prefix:
         """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
@@ -220,14 +192,6 @@ class HiCache:
     def _refused(self, match: MatchResult, why: Refusal) -> LoadBack:
         return LoadBack(None, why, match.device_len, 0, match.device_pages, match.swa_pages, match.device_node)
 
-    def _not_worth_it(self, match: MatchResult) -> bool:
-        cfg = self.config
-        if cfg.recompute_seconds_per_token is None or match.host_len == 0:
-            return False
-        moved = match.host_len * self.layout.bytes_per_token() \
-            + self.layout.window_pages() * self.layout.page_size * self.layout.window_bytes_per_token()
-        return moved / cfg.link_bytes_per_second > match.host_len * cfg.recompute_seconds_per_token
-
     def wait(self, load: LoadBack) -> bool:
         """Block until `load` lands; True if its pages are valid, False if it failed (recompute).
         Either way its lock stays held until the caller unlocks it."""
@@ -235,9 +199,9 @@ class HiCache:
             raise ValueError(f"wait takes a LoadBack, got {type(load).__name__}")
         if not load.started:
             return False
-        entry = next((e for e in self._inflight if e.kind is Direction.LOAD and e.ident == load.load_id), None)
-        if entry is not None:
-            self._complete(entry, blocking=True)
+        tid = TransferId(Direction.LOAD, load.load_id)
+        if tid in self._flights:
+            self._complete(tid, blocking=True)
         if load.load_id in self._failed_loads:
             self._failed_loads.discard(load.load_id)
             return False
@@ -255,13 +219,9 @@ class HiCache:
         queued ones first) and tries once more, so the answer does not depend on how fast
         the link is. The pages are the caller's until given to `insert` or `free`.
         """
-        need = {self.core.anchor: validate.count("pages", pages)}
-        swa_pages = validate.count("swa_pages", swa_pages)
-        if self.core.swa is not None:
-            need[self.core.swa] = swa_pages
-        elif swa_pages:
-            raise ValueError(f"swa_pages={swa_pages} but this layout has no SWA pool")
-        if any(n > self.core.device[a].capacity - self.core.held_pages(a) for a, n in need.items()):
+        need = self._need(pages, swa_pages)
+        device = self.core.ledger.allocators(Tier.DEVICE)
+        if any(n > device[a].capacity - self.core.held_pages(a) for a, n in need.items()):
             return None     # more than every page not held by a request: waiting cannot help
         got = self.core.alloc_device(need)
         self._flush_demotions()
@@ -270,24 +230,42 @@ class HiCache:
             self._flush_demotions()
         return self._checked(got)
 
+    def _need(self, pages: int, swa_pages: int, what: str = "pages") -> dict[str, int]:
+        need = {self.core.anchor: validate.count(what, pages)}
+        swa_pages = validate.count("swa_pages", swa_pages)
+        if self._swa is not None:
+            need[self._swa] = swa_pages
+        elif swa_pages:
+            raise ValueError(f"swa_pages={swa_pages} but this layout has no SWA pool")
+        return need
+
     def _land_backups(self) -> bool:
         """Dispatch queued backups and wait for all in flight; False when there were none."""
         self._dispatch_backups()
-        backups = [e for e in self._inflight if e.kind is Direction.BACKUP]
-        for entry in backups:
-            self._complete(entry, blocking=True)
+        backups = [t for t in self._flights if t.direction is Direction.BACKUP]
+        for tid in backups:
+            self._complete(tid, blocking=True)
         return bool(backups)
 
     def free(self, allocator: str, pages) -> None:
         """Give back held device pages that were not given to `insert` (i32 page ids of
-        `allocator`, e.g. "kv" or "swa"). Pages not held by a request raise ValueError,
-        nothing freed."""
+        `allocator`, e.g. `cache.anchor` or `cache.swa_allocator`). Pages not held by a
+        request raise ValueError, nothing freed."""
         self.core.free_device(allocator, pages)
         self._checked(None)
 
     def insert(self, tokens, device_pages, swa_pages: Mapping[int, int] | None = None) -> InsertResult:
-        """Register a request's computed pages (whole pages only); see `TreeCore.insert`."""
-        return self._checked(self.core.insert(tokens, device_pages, swa_pages))
+        """Register a request's computed pages (whole pages only); see `Inserter.insert`.
+        `swa_pages`: {logical page: held SWA page} whose window data the tree should keep."""
+        return self._checked(self.core.insert(tokens, device_pages, self._windows(swa_pages)))
+
+    def _windows(self, swa_pages) -> dict[str, Mapping[int, int]] | None:
+        if swa_pages is None:
+            return None
+        swa_pages = validate.page_map("swa_pages", swa_pages)
+        if self._swa is None and swa_pages:
+            raise ValueError("swa_pages given, but this layout has no SWA pool")
+        return {self._swa: swa_pages} if self._swa is not None else None
 
     def retract(self, tokens, device_pages, swa_pages: Mapping[int, int] | None = None) -> int:
         """A request leaves mid-flight: keep its whole pages, free the rest; return the
@@ -299,12 +277,12 @@ class HiCache:
         whole = len(tokens) // self.layout.page_size
         swa = validate.page_map("swa_pages", swa_pages)
         keep = {k: v for k, v in swa.items() if k < whole}
-        res = self.core.insert(tokens[: whole * self.layout.page_size], pages[:whole], keep)
+        res = self.core.insert(tokens[: whole * self.layout.page_size], pages[:whole], self._windows(keep))
         if pages.size > whole:
             self.core.free_device(self.core.anchor, pages[whole:])
         extra = [v for k, v in swa.items() if k >= whole]
         if extra:
-            self.core.free_device(self.core.swa, extra)
+            self.core.free_device(self._swa, extra)
         return self._checked(res.cached_len)
 
     def lock(self, node: NodeId) -> LockId:
@@ -324,7 +302,7 @@ class HiCache:
         recently used first (locked prefixes never): backed-up pages stay on the host,
         unbacked ones are backed up first under write-back, else dropped and counted.
         Returns what was freed (less when too little is evictable)."""
-        res = self.core.evict_device(num_pages, swa_pages)
+        res = self.core.evict_device(self._need(num_pages, swa_pages, "num_pages"))
         self._flush_demotions()
         return self._checked(res)
 
@@ -333,19 +311,17 @@ class HiCache:
         """Dispatch the merged backups of this step and apply every completed transfer."""
         tokens = self._dispatch_backups()
         completed, failed = [], []
-        for entry in list(self._inflight):
-            ok = self._complete(entry, blocking=False)
-            if ok is True:
-                completed.append(f"{entry.kind.value}:{entry.ident}")
-            elif ok is False:
-                failed.append(f"{entry.kind.value}:{entry.ident}")
+        for tid in list(self._flights):
+            ok = self._complete(tid, blocking=False)
+            if ok is not None:
+                (completed if ok else failed).append(str(tid))
         return self._checked(StepReport(tokens, tuple(completed), tuple(failed)))
 
     def drain(self) -> None:
         """Dispatch what is queued and wait for every transfer in flight."""
         self._dispatch_backups()
-        for entry in list(self._inflight):
-            self._complete(entry, blocking=True)
+        for tid in list(self._flights):
+            self._complete(tid, blocking=True)
         self._checked(None)
 
     def _flush_demotions(self) -> None:
@@ -354,70 +330,60 @@ class HiCache:
 
     def _dispatch_backups(self) -> int:
         batch = self.core.take_backup_batch()
-        if batch is None or not self._start(Direction.BACKUP, batch.ack_id, batch.plan):
+        if batch is None or not self._start(batch.transfer, batch.plan):
             return 0
         return batch.tokens
 
-    def _start(self, kind: Direction, ident: int, plan: TransferPlan, host_tokens: int = 0) -> bool:
+    def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0) -> bool:
         """Dispatch a transfer the tree has committed; if the engine raises, end it as failed."""
         try:
             self._pools, handle = self.engine.start(plan, self._pools)
         except Exception:
-            log.exception("%s %d failed to start", kind.value, ident)
-            self._fail(kind, ident, FailureCause.START)
+            log.exception("%s failed to start", tid)
+            self._fail(tid, FailureCause.START)
             return False
-        self._inflight.append(_InFlight(kind, ident, plan, handle, self._clock(), host_tokens))
+        self._flights[tid] = _Flight(plan, handle, self._clock(), host_tokens)
         return True
 
-    def _fail(self, kind: Direction, ident: int, cause: FailureCause) -> None:
+    def _fail(self, tid: TransferId, cause: FailureCause) -> None:
         """The tree takes the transfer back (its nodes return to a consistent state); counted."""
-        (self.core.fail_backup if kind is Direction.BACKUP else self.core.fail_load)(ident)
-        self.tally.failures[(kind.value, cause.value)] += 1
-        if kind is Direction.LOAD and cause is not FailureCause.START:   # a started load's `wait` reports it
-            self._failed_loads.add(ident)
+        (self.core.fail_backup if tid.direction is Direction.BACKUP else self.core.fail_load)(tid.number)
+        self.tally.failures[(tid.direction.value, cause.value)] += 1
+        if tid.direction is Direction.LOAD and cause is not FailureCause.START:   # `wait` reports it
+            self._failed_loads.add(tid.number)
 
-    def _complete(self, entry: _InFlight, blocking: bool) -> bool | None:
-        """Apply `entry`'s completion if it has one: True done, False failed, None pending."""
+    def _complete(self, tid: TransferId, blocking: bool) -> bool | None:
+        """Apply `tid`'s completion if it has one: True done, False failed, None pending."""
+        flight = self._flights[tid]
         cause = None
         try:
             if blocking:
-                entry.handle.wait()
+                flight.handle.wait()
                 done = True
             else:
-                done = entry.handle.done()
-            if not done and self._clock() - entry.started > self.config.transfer_timeout_s:
+                done = flight.handle.done()
+            if not done and self._clock() - flight.started > self.config.transfer_timeout_s:
                 cause = FailureCause.TIMEOUT
         except Exception as e:
-            log.error("%s %d failed: %s", entry.kind.value, entry.ident, e)
+            log.error("%s failed: %s", tid, e)
             cause = FailureCause.COMPLETION
         if cause is None and not done:
             return None
-        self._inflight.remove(entry)
+        del self._flights[tid]
         if cause is not None:
-            self._fail(entry.kind, entry.ident, cause)
+            self._fail(tid, cause)
             return False
-        (self.core.ack_backup if entry.kind is Direction.BACKUP else self.core.finish_load)(entry.ident)
-        self._account(entry)
+        (self.core.ack_backup if tid.direction is Direction.BACKUP else self.core.finish_load)(tid.number)
+        self.tally.record(tid.direction, flight.plan, self.layout, flight.host_tokens,
+                          flight.handle.seconds if flight.handle.seconds is not None
+                          else self._clock() - flight.started)
         return True
-
-    def _account(self, entry: _InFlight) -> None:
-        t = self.tally
-        tokens, nbytes = (t.backup_tokens, t.backup_bytes) if entry.kind is Direction.BACKUP else (t.load_tokens, t.load_bytes)
-        for batch in entry.plan.batches:
-            for name in batch.pools:
-                tokens[name] += batch.num_pages * self.layout.page_size
-        for name, b in entry.plan.pool_bytes(self.layout).items():
-            nbytes[name] += b
-        t.transfers[entry.kind.value] += 1
-        t.host_hit_tokens += entry.host_tokens
-        seconds = getattr(entry.handle, "seconds", None)
-        t.observe(entry.kind.value, seconds if seconds is not None else self._clock() - entry.started)
 
     # -- introspection ------------------------------------------------------------------------
     def stats(self) -> CacheStats:
         """A frozen snapshot of every number this cache counts (the same as `metrics_text`)."""
         return snapshot(self.layout, self.core, self.tally, self._requested_tokens,
-                        {d.value: sum(e.kind is d for e in self._inflight) for d in Direction})
+                        {d.value: sum(t.direction is d for t in self._flights) for d in Direction})
 
     def metrics_text(self) -> str:
         """The Prometheus text exposition of this cache's metrics."""
@@ -427,11 +393,9 @@ class HiCache:
         """Recompute every conservation law of the control plane; validate the device pools."""
         self.core.check_invariants()
         self.engine.check_device_pools(self._pools)
-        in_core = {(Direction.BACKUP, a) for a in self.core.pending_acks()} | \
-                  {(Direction.LOAD, i) for i in self.core.loads_in_flight()}
-        here = {(e.kind, e.ident) for e in self._inflight}
-        if in_core != here:
-            raise AssertionError(f"bug: transfers in flight disagree: tree {sorted(in_core)}, engine {sorted(here)}")
+        if self.core.in_flight() != set(self._flights):
+            raise AssertionError(f"bug: transfers in flight disagree: tree {sorted(map(str, self.core.in_flight()))}, "
+                                 f"engine {sorted(map(str, self._flights))}")
 
     def _checked(self, value):
         if self.config.check_invariants:

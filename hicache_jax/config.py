@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import enum
 import json
 import os
 from typing import Any
@@ -169,7 +170,12 @@ def _check_choice(field: str, value: str, choices: tuple[str, ...]) -> None:
         raise ValueError(f"config field '{field}' must be one of {', '.join(choices)}; got {value!r}")
 
 
-WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+class WritePolicyName(enum.StrEnum):
+    """`HiCacheConfig.write_policy`: when device pages get a host copy (see `tree.policy.WritePolicy`)."""
+
+    WRITE_THROUGH = "write_through"                      # back up on the first hit
+    WRITE_THROUGH_SELECTIVE = "write_through_selective"  # back up on the second hit
+    WRITE_BACK = "write_back"                            # back up only when evicted from device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,8 +230,8 @@ class HiCacheConfig:
                                  f"got {self.host_budget_bytes!r}")
             for k, v in self.host_budget_bytes.items():
                 _check_count(f"host_budget_bytes[{k!r}]", v)
-        if not isinstance(self.write_policy, str) or self.write_policy not in WRITE_POLICIES:
-            raise ValueError(f"{_FIELD}'write_policy' must be one of {', '.join(WRITE_POLICIES)}; "
+        if not isinstance(self.write_policy, str) or self.write_policy not in WritePolicyName:
+            raise ValueError(f"{_FIELD}'write_policy' must be one of {', '.join(WritePolicyName)}; "
                              f"got {self.write_policy!r}")
         if self.write_through_threshold is not None:
             _check_count("write_through_threshold", self.write_through_threshold, minimum=1)

@@ -16,8 +16,8 @@ from collections.abc import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from hicache_jax.plan import Direction
-from hicache_jax.tree import DropReason, Refusal
+from hicache_jax.plan import Direction, TransferPlan
+from hicache_jax.tree import DropReason, Refusal, Tier
 
 # transfer duration buckets, seconds: 50 us .. 10 s
 DURATION_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -43,11 +43,20 @@ class Tally:
     load_bytes: Counter = dataclasses.field(default_factory=Counter)
     transfers: Counter = dataclasses.field(default_factory=Counter)       # direction -> completed
     failures: Counter = dataclasses.field(default_factory=Counter)        # (direction, cause) -> count
-    refusals: Counter = dataclasses.field(default_factory=Counter)        # reason -> count
     durations: dict = dataclasses.field(default_factory=dict)             # direction -> [bucket counts..., sum]
 
-    def observe(self, direction: str, seconds: float) -> None:
-        counts = self.durations.setdefault(direction, [0] * (len(DURATION_BUCKETS) + 1) + [0.0])
+    def record(self, direction: Direction, plan: TransferPlan, layout, host_tokens: int, seconds: float) -> None:
+        """A transfer completed: its tokens and bytes per pool, its time; a load's host hit."""
+        tokens, nbytes = ((self.backup_tokens, self.backup_bytes) if direction is Direction.BACKUP
+                          else (self.load_tokens, self.load_bytes))
+        for batch in plan.batches:
+            for name in batch.pools:
+                tokens[name] += batch.num_pages * layout.page_size
+        for name, b in plan.pool_bytes(layout).items():
+            nbytes[name] += b
+        self.transfers[direction.value] += 1
+        self.host_hit_tokens += host_tokens
+        counts = self.durations.setdefault(direction.value, [0] * (len(DURATION_BUCKETS) + 1) + [0.0])
         counts[bisect.bisect_left(DURATION_BUCKETS, seconds)] += 1
         counts[-1] += seconds
 
@@ -138,16 +147,16 @@ class StatsCollector:
 
 def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mapping[str, int]) -> CacheStats:
     """Build a `CacheStats` from the controller's tally and the tree core's counters."""
+    stats = core.stats
     dropped: dict[str, dict[str, int]] = {}
     for p in layout.byte_pools:
-        source = core.dropped if p.allocator == core.anchor else core.dropped_swa
-        reasons = {str(r): v for r, v in source.items() if v}
+        reasons = {str(r): v for (a, r), v in stats.dropped.items() if a == p.allocator and v}
         if reasons:
             dropped[p.name] = reasons
     host_used, host_cap, dev_used, dev_cap = {}, {}, {}, {}
     for p in layout.byte_pools:
         per_page = p.num_layers * p.page_bytes
-        h, d = core.host[p.allocator], core.device[p.allocator]
+        h, d = core.ledger.allocators(Tier.HOST)[p.allocator], core.ledger.allocators(Tier.DEVICE)[p.allocator]
         host_used[p.name] = (h.capacity - h.num_free) * per_page
         host_cap[p.name] = h.capacity * per_page
         dev_used[p.name] = (d.capacity - d.num_free) * per_page
@@ -160,10 +169,10 @@ def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mappi
         backup_tokens=dict(tally.backup_tokens), backup_bytes=dict(tally.backup_bytes),
         load_tokens=dict(tally.load_tokens), load_bytes=dict(tally.load_bytes),
         dropped_tokens=dropped,
-        evicted_tokens={"device": core.events["device_evicted_tokens"], "host": core.events["host_evicted_tokens"]},
+        evicted_tokens={"device": stats.evicted[Tier.DEVICE], "host": stats.evicted[Tier.HOST]},
         transfers=dict(tally.transfers),
         failures={f"{d}/{c}": v for (d, c), v in tally.failures.items()},
-        load_refusals=dict(tally.refusals),
+        load_refusals={r.value: v for r, v in stats.refusals.items() if v},
         durations=durations,
         host_used_bytes=host_used, host_capacity_bytes=host_cap,
         device_used_bytes=dev_used, device_capacity_bytes=dev_cap,

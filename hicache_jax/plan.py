@@ -91,12 +91,6 @@ class TransferPlan:
         return sum(self.pool_bytes(layout).values())
 
 
-def pool_rows(spec: PoolSpec, pages: np.ndarray) -> np.ndarray:
-    """Row (slot) indices of `spec` covered by allocator `pages`: kv sidecars `slot // ratio`."""
-    pages = np.asarray(pages, dtype=np.int64)
-    return (pages[:, None] * spec.rows_per_page + np.arange(spec.rows_per_page)).reshape(-1)
-
-
 def coalesce(host_pages: np.ndarray) -> tuple[HostRun, ...]:
     """Runs of consecutive host pages in an ascending array."""
     if host_pages.size == 0:

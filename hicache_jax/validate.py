@@ -32,6 +32,10 @@ def number(name: str, value, *, positive: bool = True) -> float:
 def page_ids(name: str, values) -> np.ndarray:
     """i64[n] page ids from a 1-D sequence of integers; floats (even integral ones), bools,
     negatives and nested shapes raise, so nothing is ever silently truncated."""
+    if isinstance(values, np.ndarray) and values.ndim == 1 and values.dtype.kind in "iu":   # the hot path
+        if values.size and values.min() < 0:
+            raise ValueError(f"{name} must be non-negative page ids, got {values.tolist()}")
+        return values.astype(np.int64, copy=False)
     arr = values if isinstance(values, np.ndarray) else np.asarray(list(values) if not np.isscalar(values) else values)
     if arr.size == 0 and arr.ndim <= 1:
         return np.zeros((0,), np.int64)

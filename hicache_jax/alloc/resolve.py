@@ -15,8 +15,7 @@ import numpy as np
 
 from hicache_jax import validate
 from hicache_jax.alloc.pages import PageAllocator
-from hicache_jax.alloc.slots import AnchorAllocator, NoAllocator
-from hicache_jax.layout import PoolKind, PoolLayout
+from hicache_jax.layout import PoolLayout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,20 +44,12 @@ class TierAllocators:
         anchor = layout.anchor.name
         # anchor first, then independents sorted by name: the order all ranks allocate in
         self.order = (anchor, *sorted(n for n in owners if n != anchor))
-        self.anchor_slots = AnchorAllocator(self._pages[anchor], layout.page_size)
 
     def __getitem__(self, allocator: str) -> PageAllocator:
         try:
             return self._pages[allocator]
         except KeyError:
             raise KeyError(f"no {self.tier} allocator {allocator!r}") from None
-
-    def for_pool(self, pool: str) -> PageAllocator | NoAllocator:
-        """The pool's own allocator, or a `NoAllocator` that refuses for derived pools."""
-        spec = self.layout.pool(pool)
-        if spec.kind in (PoolKind.ANCHOR, PoolKind.INDEPENDENT):
-            return self._pages[pool]
-        return NoAllocator(pool, spec.allocator)
 
     def __iter__(self):
         return iter(self._pages.values())

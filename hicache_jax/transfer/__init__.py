@@ -1,6 +1,6 @@
 """Data plane: the transfer engine between device pools and the pinned host tier."""
 from hicache_jax.transfer.engine import TransferEngine
-from hicache_jax.transfer.handle import TransferHandle
+from hicache_jax.transfer.handle import Handle, TransferHandle
 from hicache_jax.transfer.host_check import host_compute_violations, hlo_host_ops
 
-__all__ = ["TransferEngine", "TransferHandle", "hlo_host_ops", "host_compute_violations"]
+__all__ = ["Handle", "TransferEngine", "TransferHandle", "hlo_host_ops", "host_compute_violations"]

@@ -3,10 +3,25 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from typing import Protocol
 
 import jax
 
 from hicache_jax.plan import TransferPlan
+
+
+class Handle(Protocol):
+    """What the cache needs of a transfer in flight: `TransferHandle`, or a stand-in."""
+
+    @property
+    def seconds(self) -> float | None:
+        """Start to observed completion; None until `done()` or `wait()` has seen it."""
+
+    def done(self) -> bool:
+        """True once finished; never blocks; raises the transfer's error."""
+
+    def wait(self) -> None:
+        """Block until finished; raises the transfer's error."""
 
 
 class TransferHandle:

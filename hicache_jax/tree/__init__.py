@@ -1,10 +1,14 @@
 """Radix tree core (control plane: pure Python + numpy, never imports jax)."""
+from hicache_jax.tree.components import Component, Components
 from hicache_jax.tree.core import TreeCore
+from hicache_jax.tree.loads import LoadCost
 from hicache_jax.tree.match import MatchResult, as_tokens
 from hicache_jax.tree.node import NodeId
-from hicache_jax.tree.policy import (BackupBatch, DropReason, EvictResult, InsertResult, LoadJob, LockId, Refusal,
-                                     WritePolicy)
-from hicache_jax.tree.state import Residency, TreeStateError
+from hicache_jax.tree.policy import WritePolicy, WritePolicyName
+from hicache_jax.tree.results import (AckId, BackupBatch, DropReason, EvictResult, InsertResult, LoadId, LoadJob,
+                                      LockId, Refusal, TransferId, TreeStats)
+from hicache_jax.tree.state import Residency, Tier, TreeStateError
 
-__all__ = ["BackupBatch", "DropReason", "EvictResult", "InsertResult", "LoadJob", "LockId", "MatchResult", "NodeId",
-           "Refusal", "Residency", "TreeCore", "TreeStateError", "WritePolicy", "as_tokens"]
+__all__ = ["AckId", "BackupBatch", "Component", "Components", "DropReason", "EvictResult", "InsertResult", "LoadCost",
+           "LoadId", "LoadJob", "LockId", "MatchResult", "NodeId", "Refusal", "Residency", "Tier", "TransferId",
+           "TreeCore", "TreeStateError", "TreeStats", "WritePolicy", "WritePolicyName", "as_tokens"]

@@ -1,175 +1,102 @@
-"""Eviction: device LRU over device leaves, host LRU over host leaves, SWA tombstones,
-subtree removal.
+"""Eviction from each tier: device leaves (and window tombstones), host leaves.
 
-A *device leaf* holds valid device pages, is unlocked, not owned by a load, and no child
-holds device pages. A *host leaf* is host-only (HOST), unlocked, unowned and childless.
-Host eviction frees a node's pages on every pool at once: the anchor host pages (and with
-them every kv-sidecar row) and its SWA host pages (and with them the state rows).
-An *SWA tombstone* frees only the SWA device pages (and their state rows) of any unlocked
-node, least recently used first, keeping its FULL pages: the SWA pool is the largest per
-page, and a prefix boundary needs SWA data only in its trailing window.
+Device: anchor pages come from least recently used device leaves, with every component's
+pages: a synced leaf just loses its device copy; an unbacked one is demoted under
+write-back (its backup queued, see `WritePath.demote`) or else dropped and counted by
+reason. Window pages still missing after that come from *tombstones*: a node gives up its
+device pages of that window component (least recently used first) and keeps its anchor
+pages, because a prefix boundary needs window pages only in its trailing window.
+
+Host: host leaves go least recently used first, every component at once (anchor pages
+and with them every kv-sidecar row, window pages and with them their state rows).
 """
 from __future__ import annotations
 
-import numpy as np
+from collections.abc import Mapping
 
 from hicache_jax import validate
-from hicache_jax.tree.node import ABSENT, Node
-from hicache_jax.tree.policy import DropReason, EvictResult, WritePolicy
-from hicache_jax.tree.state import HOLDS_DEVICE, Event, Residency
+from hicache_jax.tree.candidates import EvictionCandidates
+from hicache_jax.tree.components import Components
+from hicache_jax.tree.ledger import PageLedger
+from hicache_jax.tree.policy import WritePolicy
+from hicache_jax.tree.prune import Pruner
+from hicache_jax.tree.results import EvictResult, TreeStats
+from hicache_jax.tree.state import Event, Residency, Tier
+from hicache_jax.tree.writes import WritePath
 
-_COMPACT_SLACK = 1024
+
+def checked_need(components: Components, need: Mapping[str, int]) -> dict[str, int]:
+    """Pages per allocator, every count checked before anything changes."""
+    if not hasattr(need, "items"):
+        raise ValueError(f"pages per allocator must be a mapping {{allocator: pages}}, got {need!r}")
+    return {components[name].name: validate.count(f"pages of {name!r}", n) for name, n in need.items()}
 
 
-class Eviction:
-    def _device_evictable(self, node: Node) -> bool:
-        return (node.state in (Residency.DEVICE, Residency.SYNCED) and node.lock_ref == 0
-                and node.load_id is None and node.parent is not None
-                and not any(c.state in HOLDS_DEVICE for c in node.children.values()))
+class HostEviction:
+    def __init__(self, components: Components, ledger: PageLedger, candidates: EvictionCandidates, pruner: Pruner,
+                 stats: TreeStats):
+        self._components, self._ledger, self._candidates = components, ledger, candidates
+        self._pruner, self._stats = pruner, stats
 
-    def _host_evictable(self, node: Node) -> bool:
-        return (node.state is Residency.HOST and node.lock_ref == 0 and node.load_id is None
-                and not node.children)
-
-    def _swa_evictable(self, node: Node) -> bool:
-        # not BACKING_UP: a queued backup still has to read its SWA pages
-        return (node.state in (Residency.DEVICE, Residency.SYNCED) and node.lock_ref == 0
-                and node.load_id is None and node.swa_device is not None
-                and bool((node.swa_device != ABSENT).any()))
-
-    def _offer_leaf(self, node: Node) -> None:
-        """(Re)enter `node` into every LRU it is now a candidate of."""
-        if node.parent is None or node.state is Residency.GONE:
-            return
-        if self._device_evictable(node):
-            self.device_lru.push(node)
-        elif self._host_evictable(node):
-            self.host_lru.push(node)
-        if self.swa is not None and self._swa_evictable(node):
-            self.swa_lru.push(node)
-        live = self.tree.num_nodes
-        if len(self.device_lru) + len(self.host_lru) + len(self.swa_lru) > 6 * live + _COMPACT_SLACK:
-            nodes = list(self.tree.nodes())
-            self.device_lru.compact(n for n in nodes if self._device_evictable(n))
-            self.host_lru.compact(n for n in nodes if self._host_evictable(n))
-            self.swa_lru.compact(n for n in nodes if self.swa is not None and self._swa_evictable(n))
-
-    # -- device tier -------------------------------------------------------------------------
-    def evict_device(self, num_pages: int, swa_pages: int = 0) -> EvictResult:
-        """Free at least `num_pages` anchor and `swa_pages` SWA device pages.
-
-        Anchor pages come from LRU device leaves (with their SWA pages): a synced leaf just
-        loses its device copy; an unbacked leaf is backed up and demoted under write-back
-        (sets `needs_flush`), or else dropped and counted by reason. Any SWA pages still
-        missing come from SWA tombstones, LRU first. Returns what was freed, which may be
-        less when too little is evictable.
-        """
-        num_pages, swa_pages = validate.count("num_pages", num_pages), validate.count("swa_pages", swa_pages)
-        freed = swa_freed = dropped = 0
-        while freed < num_pages:
-            node = self.device_lru.pop(self._device_evictable)
+    def evict(self, need: Mapping[str, int]) -> int:
+        """Free at least `need[allocator]` host pages of each allocator, least recently used
+        host leaves first, every component of a leaf at once; returns anchor pages freed."""
+        need = checked_need(self._components, need)
+        freed = dict.fromkeys(need, 0)
+        anchor = self._components.anchor.name
+        freed.setdefault(anchor, 0)
+        while any(freed[a] < n for a, n in need.items()):
+            node = self._candidates.pop_host()
             if node is None:
                 break
-            parent = node.parent
-            k, s = len(node.device), self._swa_count(node.swa_device)
-            if node.state is Residency.DEVICE and not (
-                    self.policy is WritePolicy.WRITE_BACK and self._commit_backup(node, lock=False)):
-                reason = DropReason.HOST_PRESSURE if self.policy is WritePolicy.WRITE_BACK \
-                    else DropReason.WRITE_THROUGH_UNBACKED_EVICTION
-                dropped += len(node.tokens)
-                self._count_drop(node, reason, s)
-                self._remove_subtree(node)
-            else:
-                if node.state is Residency.BACKING_UP:   # write-back: committed just now, demoted now:
-                    self.needs_flush = True              # dispatch before the pages are reused
-                self._free_device_pages(node)
-                node.apply(Event.EVICT_DEVICE)
-                self._offer_leaf(node)
-            self.events["device_evicted_tokens"] += k * self.page_size
-            freed, swa_freed = freed + k, swa_freed + s
-            self._offer_leaf(parent)
-        while swa_freed < swa_pages:               # the rest of the SWA need: tombstones only
-            node = self.swa_lru.pop(self._swa_evictable)
-            if node is None:
-                break
-            swa_freed += self._tombstone_swa(node)
-        return EvictResult(freed, swa_freed, dropped)
-
-    def _tombstone_swa(self, node: Node) -> int:
-        """Free `node`'s SWA device pages; its FULL pages and any SWA host copy stay."""
-        present = node.swa_device != ABSENT
-        self.device[self.swa].free(node.swa_device[present])
-        node.swa_device[present] = ABSENT
-        self.events["swa_tombstoned_pages"] += int(present.sum())
-        self._offer_leaf(node)
-        return int(present.sum())
-
-    def _count_drop(self, node: Node, reason: str, swa_pages: int) -> None:
-        self.dropped[reason] += len(node.tokens)
-        if swa_pages:
-            self.dropped_swa[reason] += swa_pages * self.page_size
-
-    def _free_device_pages(self, node: Node) -> None:
-        self.device[self.anchor].free(node.device)
-        if node.swa_device is not None:
-            present = node.swa_device[node.swa_device != ABSENT]
-            if present.size:
-                self.device[self.swa].free(present)
-        node.device = node.swa_device = None
-
-    @staticmethod
-    def _swa_count(arr: np.ndarray | None) -> int:
-        return 0 if arr is None else int((arr != ABSENT).sum())
-
-    # -- host tier ---------------------------------------------------------------------------
-    def evict_host(self, num_pages: int, swa_pages: int = 0) -> int:
-        """Free at least `num_pages` anchor and `swa_pages` SWA host pages, LRU host leaves
-        first, every pool of a node at once; returns anchor host pages freed."""
-        num_pages, swa_pages = validate.count("num_pages", num_pages), validate.count("swa_pages", swa_pages)
-        freed = swa_freed = 0
-        while freed < num_pages or swa_freed < swa_pages:
-            node = self.host_lru.pop(self._host_evictable)
-            if node is None:
-                break
-            parent = node.parent
-            freed += len(node.host)
-            swa_freed += self._swa_count(node.swa_host)
-            self.events["host_evicted_tokens"] += len(node.tokens)
-            self._free_host_pages(node)
+            for c in self._components:
+                if c.name in freed:
+                    freed[c.name] += node.present(Tier.HOST, c.index)
+            self._stats.evicted[Tier.HOST] += len(node.tokens)
+            self._ledger.drop(node, Tier.HOST)
             node.apply(Event.EVICT_HOST)
-            self._unlink(node)
-            self._offer_leaf(parent)
-        return freed
+            self._pruner.unlink(node)
+        return freed[anchor]
 
-    # -- removal -----------------------------------------------------------------------------
-    def _remove_subtree(self, node: Node) -> None:
-        """Take `node` and everything below it out of the tree, freeing all their pages.
 
-        Used when `node`'s data is gone (dropped or a failed demotion): what hangs below it
-        is host-only and unreachable. Descendants' tokens count as host evictions; a
-        descendant whose host copy is still in flight leaves its pages to that write.
-        """
-        parent = node.parent
-        stack, order = [node], []
-        while stack:
-            n = stack.pop()
-            order.append(n)
-            stack.extend(n.children.values())
-        for n in reversed(order):                         # children before parents
-            if n.load_id is not None or n.state is Residency.BACKING_UP:
-                raise AssertionError(f"bug: removing {n} with a transfer in flight")
-            if n.write_id is not None:                    # its host copy is still being written:
-                self._detach_write(n)                     # its pages are freed when that write ends
-            if n is not node:
-                self.events["host_evicted_tokens"] += len(n.tokens)
-            if n.device is not None:
-                self._free_device_pages(n)
-            if n.host is not None:
-                self._free_host_pages(n)
-            n.apply(Event.DROP)
-            self._unlink(n)
-        self._offer_leaf(parent)
+class DeviceEviction:
+    def __init__(self, components: Components, policy: WritePolicy, ledger: PageLedger,
+                 candidates: EvictionCandidates, writes: WritePath, pruner: Pruner, stats: TreeStats, page_size: int):
+        self._components, self._policy, self._ledger = components, policy, ledger
+        self._candidates, self._writes, self._pruner, self._stats = candidates, writes, pruner, stats
+        self._page_size = page_size
 
-    def _unlink(self, node: Node) -> None:
-        self.tree.remove(node)
-        del self._by_id[node.id]
+    def evict(self, need: Mapping[str, int]) -> EvictResult:
+        """Free at least `need[allocator]` device pages of each allocator (see the module
+        docstring). Returns what was freed, which may be less when too little is evictable."""
+        need = checked_need(self._components, need)
+        freed = {c.index: 0 for c in self._components}
+        anchor = self._components.anchor
+        dropped = 0
+        while freed[0] < need.get(anchor.name, 0):
+            node = self._candidates.pop_device()
+            if node is None:
+                break
+            parent = node.parent
+            for c in self._components:
+                freed[c.index] += node.present(Tier.DEVICE, c.index)
+            self._stats.evicted[Tier.DEVICE] += len(node.tokens)
+            if node.state is Residency.DEVICE and not (self._policy.backs_up_on_eviction and self._writes.demote(node)):
+                dropped += len(node.tokens)
+                self._writes.count_drop(node, self._policy.drop_reason, Tier.DEVICE)
+                self._pruner.remove_subtree(node)
+            else:
+                self._ledger.drop(node, Tier.DEVICE)
+                node.apply(Event.EVICT_DEVICE)
+                self._candidates.offer(node)
+            self._candidates.offer(parent)
+        for c in self._components.windows:    # the rest of each window need: tombstones only
+            while freed[c.index] < need.get(c.name, 0):
+                node = self._candidates.pop_window(c.index)
+                if node is None:
+                    break
+                n = self._ledger.drop_window(node, Tier.DEVICE, c.index)
+                self._stats.tombstoned[c.name] += n
+                freed[c.index] += n
+                self._candidates.offer(node)
+        return EvictResult(freed[0], sum(freed[c.index] for c in self._components.windows), dropped)

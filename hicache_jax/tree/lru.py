@@ -46,3 +46,14 @@ class LeafLRU:
         """Rebuild from the nodes that may be eligible, dropping every stale entry."""
         self._heap = [(n.last_access, next(self._order), n) for n in live]
         heapq.heapify(self._heap)
+
+
+class LogicalClock:
+    """Access times for LRU order: a counter, so equal work gives equal order on every TP rank."""
+
+    def __init__(self):
+        self._now = 0
+
+    def tick(self) -> int:
+        self._now += 1
+        return self._now

@@ -5,38 +5,37 @@ from typing import NewType
 
 import numpy as np
 
-from hicache_jax.tree.state import Event, Residency, transition
+from hicache_jax.tree.state import Event, Residency, Tier, transition
 
 NodeId = NewType("NodeId", int)
-ABSENT = -1  # inside the tree only: "no SWA page here" in a per-page SWA array
+ABSENT = -1  # inside the tree only: "no page of this window component here" in a per-page array
+_TIERS = range(len(Tier))
 
 
 class Node:
-    """One node. Arrays are per page of the node (`num_pages` entries).
+    """One node.
 
-    `device`/`host`: anchor pages of the FULL value on each tier (None when the state holds
-    none). `swa_device`/`swa_host`: SWA pages per page, `ABSENT` where that page carries no
-    SWA data (outside a sliding window); None for models without an SWA pool.
+    `pages[tier][component]`: i32[num_pages] page ids of each component (see
+    components.py) on each tier, or None. The anchor's (component 0) are present exactly
+    when the state holds that tier; a window component's array is present alongside it and
+    holds `ABSENT` for the pages outside every window. Only the `PageLedger` changes them.
     `lock_ref` counts path locks held on this node or any descendant.
     """
 
-    __slots__ = ("id", "parent", "children", "tokens", "state", "device", "host", "swa_device", "swa_host",
-                 "lock_ref", "hit_count", "last_access", "write_id", "load_id")
+    __slots__ = ("id", "parent", "children", "tokens", "state", "pages", "lock_ref", "hit_count", "last_access",
+                 "write_id", "load_id")
 
-    def __init__(self, node_id: int, parent: Node | None, tokens: np.ndarray, state: Residency):
+    def __init__(self, node_id: int, parent: Node | None, tokens: np.ndarray, state: Residency, num_components: int):
         self.id = NodeId(node_id)
         self.parent = parent
         self.children: dict[bytes, Node] = {}
         self.tokens = tokens            # i32[num_pages * page_size]
         self.state = state
-        self.device: np.ndarray | None = None
-        self.host: np.ndarray | None = None
-        self.swa_device: np.ndarray | None = None
-        self.swa_host: np.ndarray | None = None
+        self.pages: tuple[list[np.ndarray | None], ...] = tuple([None] * num_components for _ in _TIERS)
         self.lock_ref = 0
         self.hit_count = 0
         self.last_access = 0
-        self.write_id: int | None = None  # pending backup ack id
+        self.write_id: int | None = None  # the pending backup (ack id) that writes its host copy
         self.load_id: int | None = None   # the load-back that owns this node while in flight
 
     def __repr__(self) -> str:
@@ -51,3 +50,8 @@ class Node:
         while node.parent is not None:
             yield node
             node = node.parent
+
+    def present(self, tier: Tier, component: int) -> int:
+        """Pages of `component` this node holds on `tier`."""
+        arr = self.pages[tier][component]
+        return 0 if arr is None else int(arr.size if component == 0 else np.count_nonzero(arr != ABSENT))

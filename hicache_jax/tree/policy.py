@@ -1,92 +1,54 @@
-"""Write policies and the named results the tree core hands to its caller."""
+"""The write policy: one object that answers every question the paths ask about backups."""
 from __future__ import annotations
 
 import dataclasses
-import enum
 
-import numpy as np
+from hicache_jax import validate
+from hicache_jax.config import WritePolicyName
+from hicache_jax.tree.results import DropReason
 
-from hicache_jax.plan import TransferPlan
-from hicache_jax.tree.node import NodeId
-
-
-class WritePolicy(enum.StrEnum):
-    WRITE_THROUGH = "write_through"                      # back up on the first hit
-    WRITE_THROUGH_SELECTIVE = "write_through_selective"  # back up on the second hit
-    WRITE_BACK = "write_back"                            # back up only when evicted from device
-
-    @property
-    def default_threshold(self) -> int | None:
-        return {"write_through": 1, "write_through_selective": 2, "write_back": None}[self.value]
-
-
-class DropReason(enum.StrEnum):
-    """Why device KV tokens were destroyed without a host copy."""
-
-    WRITE_THROUGH_UNBACKED_EVICTION = "write_through_unbacked_eviction"
-    HOST_PRESSURE = "host_pressure"      # a write-back backup found no host space
-    BACKUP_FAILED = "backup_failed"      # the device->host transfer raised after demotion
-
-
-class Refusal(enum.StrEnum):
-    """Why a load-back did not start (the request recomputes instead)."""
-
-    EMPTY = "empty"                      # nothing to move
-    BELOW_THRESHOLD = "below_threshold"  # fewer FULL tokens than max(1, load_back_threshold), no SWA transfer
-    OWNED = "owned"                      # another in-flight load-back owns a node of it
-    PENDING = "pending"                  # its host copy is still being written
-    STALE = "stale"                      # the tree changed since the match
-    NO_DEVICE_SPACE = "no_device_space"  # device pages could not be found, even after eviction
-    NOT_WORTH_IT = "not_worth_it"        # the cost model says recomputing is faster
-    FAILED = "failed"                    # the transfer raised at start
+_DEFAULT_THRESHOLD = {WritePolicyName.WRITE_THROUGH: 1, WritePolicyName.WRITE_THROUGH_SELECTIVE: 2,
+                      WritePolicyName.WRITE_BACK: None}
 
 
 @dataclasses.dataclass(frozen=True)
-class LockId:
-    value: int
+class WritePolicy:
+    """When device pages get a host copy, and what happens to pages that have none.
 
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class InsertResult:
-    """`node`: the deepest node now holding the inserted prefix on device.
-
-    `cached_len`: tokens of the request's prefix now in the tree on device (may stop short
-    of the request when a node on the path is in flight); `new_len`: of those, tokens that
-    were not in the tree before.
+    `threshold`: hits after which a node is backed up (None: never on a hit). Write-through
+    policies keep the backed-up set closed under "parent" (a backup first backs up the
+    node's unbacked ancestors, and a failed backup takes the host copies below it back);
+    write-back backs a node up when it is evicted from the device, and drops it (counted as
+    host pressure) only when the host has no room.
     """
 
-    node: NodeId
-    cached_len: int
-    new_len: int
+    name: WritePolicyName
+    threshold: int | None
 
+    @classmethod
+    def create(cls, name: str, threshold: int | None = None) -> "WritePolicy":
+        try:
+            policy = WritePolicyName(name)
+        except ValueError:
+            raise ValueError(f"unknown write_policy {name!r}; one of {[p.value for p in WritePolicyName]}") from None
+        if threshold is not None:
+            threshold = validate.count("write_threshold", threshold, minimum=1)
+        return cls(policy, threshold if threshold is not None else _DEFAULT_THRESHOLD[policy])
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class BackupBatch:
-    """Merged backups to dispatch as one transfer; acknowledge with `ack_id`."""
+    def backs_up_on_hit(self, hit_count: int) -> bool:
+        return self.threshold is not None and hit_count >= self.threshold
 
-    ack_id: int
-    plan: TransferPlan
-    tokens: int   # FULL tokens covered
+    @property
+    def backs_up_on_eviction(self) -> bool:
+        """An unbacked device leaf is backed up (and demoted) instead of dropped."""
+        return self.name is WritePolicyName.WRITE_BACK
 
+    @property
+    def closed_under_parent(self) -> bool:
+        """Every node with a host copy has a parent with one (write-through policies)."""
+        return self.name is not WritePolicyName.WRITE_BACK
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class LoadJob:
-    """A started load-back. `device_pages`: anchor device pages of the whole matched prefix
-    (i32[total_len / page]); `swa_pages`: SWA device pages of its trailing window; `lock`:
-    the caller's pin on that prefix, held until the caller unlocks it."""
-
-    load_id: int
-    plan: TransferPlan
-    node: NodeId
-    total_len: int
-    loaded_tokens: int   # FULL tokens moved
-    device_pages: np.ndarray
-    swa_pages: np.ndarray
-    lock: LockId
-
-
-@dataclasses.dataclass(frozen=True)
-class EvictResult:
-    device_pages: int    # anchor device pages freed
-    swa_pages: int       # SWA device pages freed
-    dropped_tokens: int  # device tokens destroyed without a host copy (by this call)
+    @property
+    def drop_reason(self) -> DropReason:
+        """Why an unbacked device leaf that is evicted loses its data."""
+        return DropReason.HOST_PRESSURE if self.backs_up_on_eviction else DropReason.WRITE_THROUGH_UNBACKED_EVICTION

@@ -10,22 +10,38 @@ tokens finds how many whole pages match:
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from hicache_jax.tree.node import Node
-from hicache_jax.tree.state import Residency
+from hicache_jax import validate
+from hicache_jax.tree.node import Node, NodeId
+from hicache_jax.tree.state import Residency, TreeStateError
 
 _EMPTY = np.zeros((0,), np.int32)
 
 
 class RadixTree:
-    def __init__(self, page_size: int):
+    """Nodes by token prefix and by id. `on_split` hooks run after every split, so whoever
+    keeps records of nodes (transfers in flight, eviction candidates) follows the new head."""
+
+    def __init__(self, page_size: int, num_components: int):
         self.page_size = page_size
+        self.num_components = num_components
         self._next_id = 1
-        self.root = Node(0, None, _EMPTY, Residency.SYNCED)  # the root holds nothing; its state is never read
+        self.root = Node(0, None, _EMPTY, Residency.SYNCED, num_components)  # holds nothing; its state is never read
         self.num_nodes = 0  # excluding the root
+        self._by_id: dict[int, Node] = {0: self.root}
+        self.on_split: list[Callable[[Node, Node, int], None]] = []   # (head, node, head pages)
+
+    def node(self, node_id: NodeId) -> Node:
+        try:
+            return self._by_id[validate.count("node id", node_id)]
+        except KeyError:
+            raise ValueError(f"node {node_id} is not in the tree (evicted or never existed)") from None
+
+    def get(self, node_id: int) -> Node | None:
+        return self._by_id.get(node_id)
 
     def key(self, tokens: np.ndarray, pos: int = 0) -> bytes:
         return tokens[pos:pos + self.page_size].tobytes()
@@ -59,42 +75,49 @@ class RadixTree:
         """Split `node` after `num_tokens` (page-aligned, inside it); return the new parent.
 
         `node` keeps the suffix, so references to it (locks, owners) still name the
-        deepest part; the new parent copies its state, ids and lock count.
+        deepest part; the new parent copies its state, ids, lock count and its share of
+        every page array.
         """
         page = self.page_size
         if num_tokens <= 0 or num_tokens >= len(node.tokens) or num_tokens % page:
             raise AssertionError(f"bug: split of {node} at {num_tokens} tokens")
         k = num_tokens // page
         parent = node.parent
-        head = Node(self._new_id(), parent, node.tokens[:num_tokens], node.state)
-        for attr in ("device", "host", "swa_device", "swa_host"):
-            arr = getattr(node, attr)
-            if arr is not None:
-                setattr(head, attr, arr[:k].copy())
-                setattr(node, attr, arr[k:].copy())
+        head = Node(self._new_id(), parent, node.tokens[:num_tokens], node.state, self.num_components)
+        for head_tier, tier in zip(head.pages, node.pages):
+            for c, arr in enumerate(tier):
+                if arr is not None:
+                    head_tier[c], tier[c] = arr[:k].copy(), arr[k:].copy()
         head.lock_ref, head.hit_count, head.last_access = node.lock_ref, node.hit_count, node.last_access
         head.write_id, head.load_id = node.write_id, node.load_id
         parent.children[self.key(head.tokens)] = head
         node.tokens = node.tokens[num_tokens:]
         node.parent = head
         head.children[self.key(node.tokens)] = node
-        self.num_nodes += 1
+        self._register(head)
+        for hook in self.on_split:
+            hook(head, node, k)
         return head
 
     def add(self, parent: Node, tokens: np.ndarray, state: Residency) -> Node:
         key = self.key(tokens)
         if key in parent.children:
             raise AssertionError(f"bug: {parent} already has a child for this page")
-        node = Node(self._new_id(), parent, tokens, state)
+        node = Node(self._new_id(), parent, tokens, state, self.num_components)
         parent.children[key] = node
-        self.num_nodes += 1
+        self._register(node)
         return node
 
     def remove(self, node: Node) -> None:
         if node.children or node.parent is None:
             raise AssertionError(f"bug: remove of {node} with children or of the root")
         del node.parent.children[self.key(node.tokens)]
+        del self._by_id[node.id]
         self.num_nodes -= 1
+
+    def _register(self, node: Node) -> None:
+        self._by_id[node.id] = node
+        self.num_nodes += 1
 
     def nodes(self) -> Iterator[Node]:
         """Every node but the root, parents before children."""
@@ -107,6 +130,20 @@ class RadixTree:
     def prefix_len(self, node: Node) -> int:
         """Tokens from the root to the end of `node`."""
         return sum(len(n.tokens) for n in node.path_to_root())
+
+    def check(self) -> None:
+        """Structure: every node registered, its parent's child under its first page, whole pages."""
+        nodes = list(self.nodes())
+        if len(nodes) != self.num_nodes or len(self._by_id) != len(nodes) + 1:
+            raise TreeStateError(f"invariant violated: node count: walk {len(nodes)}, counter {self.num_nodes}, "
+                                 f"by id {len(self._by_id) - 1}")
+        for n in nodes:
+            if len(n.tokens) == 0 or len(n.tokens) % self.page_size:
+                raise TreeStateError(f"invariant violated: {n}: {len(n.tokens)} tokens, not whole pages of {self.page_size}")
+            if n.parent.children.get(self.key(n.tokens)) is not n:
+                raise TreeStateError(f"invariant violated: {n} is not its parent's child under its first page")
+            if self._by_id.get(n.id) is not n:
+                raise TreeStateError(f"invariant violated: {n} is not registered under its id")
 
     def _new_id(self) -> int:
         self._next_id += 1

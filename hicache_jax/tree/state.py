@@ -20,6 +20,18 @@ from __future__ import annotations
 import enum
 
 
+class Tier(enum.IntEnum):
+    """Levels of memory that own pages, fastest first; a node's pages are indexed by tier."""
+
+    DEVICE = 0     # L1: accelerator memory
+    HOST = 1       # L2: pinned host memory
+
+
+# The same tiers as plain ints, to index `node.pages` on hot paths: indexing with an IntEnum
+# member costs about twice what an int does.
+DEVICE, HOST = int(Tier.DEVICE), int(Tier.HOST)
+
+
 class Residency(enum.Enum):
     DEVICE = "device"              # device pages only; not backed up
     BACKING_UP = "backing_up"      # device pages + host pages; the host copy is still in flight
@@ -71,6 +83,7 @@ DEVICE_VALID = frozenset({R.DEVICE, R.BACKING_UP, R.SYNCED})
 HOLDS_HOST = frozenset({R.BACKING_UP, R.SYNCED, R.HOST, R.HOST_PENDING, R.LOADING})
 HOST_DURABLE = frozenset({R.SYNCED, R.HOST, R.LOADING})
 WRITE_PENDING = frozenset({R.BACKING_UP, R.HOST_PENDING})
+HOLDS = {Tier.DEVICE: HOLDS_DEVICE, Tier.HOST: HOLDS_HOST}   # states holding pages on each tier
 
 
 class TreeStateError(RuntimeError):

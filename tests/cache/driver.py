@@ -78,14 +78,14 @@ class Driver:
         self.host_hits += prefix.host_tokens
         self.device_hits += prefix.device_tokens
         first, n = usable // P, len(blocks)
-        swa = c.core.swa
+        swa = c.swa_allocator
         grant = c.alloc(n - first, (n - first) if swa else 0)
         if grant is None and not must_fit:
             c.unlock(prefix.lock)
             return -1
         assert grant is not None, "device pool too small for one request"
         new = grant["kv"].tolist()
-        writes = {c.core.anchor: [(p, tuple(blocks[: first + i + 1])) for i, p in enumerate(new)]}
+        writes = {c.anchor: [(p, tuple(blocks[: first + i + 1])) for i, p in enumerate(new)]}
         keep = {}
         if swa:
             sp = grant["swa"].tolist()

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 import hicache_jax as hc
+from hicache_jax.tree import Tier
 from hicache_jax.plan import Direction
 
 
@@ -113,12 +114,12 @@ def empty_everything(cache):
     """Drain, evict both tiers: every page of every allocator must be free again."""
     cache.drain()
     for _ in range(8):
-        cache.evict(10 ** 6, 10 ** 6 if cache.core.swa else 0)
+        cache.evict(10 ** 6, 10 ** 6 if cache.swa_allocator else 0)
         cache.drain()
-        cache.core.evict_host(10 ** 6, 10 ** 6 if cache.core.swa else 0)
+        cache.core.evict_host(dict.fromkeys(cache.core.components.names, 10 ** 6))
     cache.check_invariants()
     assert cache.core.tree.num_nodes == 0
-    for alloc in list(cache.core.device) + list(cache.core.host):
+    for alloc in [*cache.core.ledger.allocators(Tier.DEVICE), *cache.core.ledger.allocators(Tier.HOST)]:
         assert alloc.num_free == alloc.capacity, alloc
 
 

@@ -134,7 +134,10 @@ def test_acquire_pins_the_prefix_and_reports_refusals():
     p = c.acquire(tokens)                       # 768 host tokens < threshold 1024, no window: refused
     assert (p.length, p.host_tokens, p.refused) == (0, 0, hc.tree.Refusal.BELOW_THRESHOLD)
     c.unlock(p.lock)
-    c.core.load_back_threshold = 10
+    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, check_invariants=True))   # threshold 10
+    Driver(c).request([0, 1, 2])
+    c.drain()
+    c.evict(3)
     p = c.acquire(tokens)
     assert (p.length, p.host_tokens, p.device_tokens, p.refused) == (3 * P, 3 * P, 0, None)
     assert c.evict(3).device_pages == 0         # pinned while acquired

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import hicache_jax as hc
+from hicache_jax.tree import Tier
 from driver import Driver, P, layout, seq
 
 LAYOUTS = ["tiny_v4", "tiny_v41", "tiny_gqa"]
@@ -18,7 +19,7 @@ def on_host_only(name, blocks=(0, 1), **cfg):
     d = Driver(c)
     d.request(list(blocks), swa_every=True)
     c.drain()
-    c.evict(10 ** 6, 10 ** 6 if c.core.swa else 0)
+    c.evict(10 ** 6, 10 ** 6 if c.swa_allocator else 0)
     c.drain()
     assert c.match_prefix(prompt(blocks)).device_len == 0
     return c, d
@@ -43,12 +44,12 @@ def test_a_landed_load_back_stays_pinned_until_released(name, pressure):
         pass
     # another request is served first, and wants everything it can get
     if pressure == "evict":
-        c.evict(10 ** 6, 10 ** 6 if c.core.swa else 0)
+        c.evict(10 ** 6, 10 ** 6 if c.swa_allocator else 0)
         other = None
     else:
         want = (4, 0) if pressure == "kv" else (0, 4)
         assert c.alloc(*want) is None          # the loaded pages are pinned: not enough room
-        other = c.alloc(2, 2 if c.core.swa else 0)
+        other = c.alloc(2, 2 if c.swa_allocator else 0)
         assert other is not None
         d.write({a: [(int(p), (5, 5)) for p in pages] for a, pages in other.items()})   # its own bytes
         for a, pages in other.items():
@@ -89,7 +90,7 @@ def test_lock_of_a_node_not_on_device_is_an_error(name):
     m = c.match_prefix(prompt([0, 1]))
     with pytest.raises(ValueError, match="not on device"):
         c.lock(m.host_node)
-    c.core.evict_host(10 ** 6, 10 ** 6 if c.core.swa else 0)
+    c.core.evict_host(dict.fromkeys(c.core.components.names, 10 ** 6))
     with pytest.raises(ValueError, match="not in the tree"):
         c.lock(m.host_node)
     for bad in ("abc", 1.0, None, True):
@@ -100,7 +101,7 @@ def test_lock_of_a_node_not_on_device_is_an_error(name):
 
 
 def free_counts(c):
-    return {(a.tier, a.name): a.num_free for a in [*c.core.device, *c.core.host]}
+    return {(t, a.name): a.num_free for t in Tier for a in c.core.ledger.allocators(t)}
 
 
 @pytest.mark.parametrize("args", [(1, np.float64(1.0)), (np.float32(2.0), 1), ("3", 0), (1, "1"), (True, 0),
@@ -120,7 +121,8 @@ def test_alloc_is_all_or_nothing_for_every_argument(args):
 
 
 def tree_pages(c):
-    return {n.id: (n.state, None if n.device is None else n.device.tolist()) for n in c.core.tree.nodes()}
+    return {n.id: (n.state, [None if a is None else a.tolist() for a in n.pages[Tier.DEVICE]])
+            for n in c.core.tree.nodes()}
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])

@@ -61,14 +61,14 @@ class CacheMachine(RuleBasedStateMachine):
         def interleave(op):
             if op == "alloc":           # another request takes pages and writes its own bytes into them
                 n = int(np.random.default_rng(len(held)).integers(1, 3))
-                grant = c.alloc(n, n if c.core.swa else 0)
+                grant = c.alloc(n, n if c.swa_allocator else 0)
                 if grant is not None:
                     held.append(grant)
                     self.driver.write({a: [(int(p), (9, 9, len(held))) for p in pages] for a, pages in grant.items()})
             elif op == "request":
                 self.driver.request(other, must_fit=False)
             elif op == "evict":
-                c.evict(10 ** 6, 10 ** 6 if c.core.swa else 0)
+                c.evict(10 ** 6, 10 ** 6 if c.swa_allocator else 0)
             else:
                 c.step()
 
@@ -104,7 +104,7 @@ class CacheMachine(RuleBasedStateMachine):
 
     @rule(pages=st.integers(1, 4))
     def evict(self, pages):
-        self.cache.evict(pages, pages if self.cache.core.swa else 0)
+        self.cache.evict(pages, pages if self.cache.swa_allocator else 0)
 
     @rule(direction=st.sampled_from(["backup", "load"]), when=st.sampled_from(["start", "done"]))
     def fail_next(self, direction, when):

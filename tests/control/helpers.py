@@ -3,7 +3,7 @@ import numpy as np
 
 import hicache_jax as hc
 from conftest import CONFIGS
-from hicache_jax.tree import TreeCore
+from hicache_jax.tree import Tier, TreeCore
 
 P = 256
 
@@ -29,14 +29,14 @@ def put(c: TreeCore, tokens: np.ndarray, swa_last: int = 1):
     """Allocate device pages for every page of `tokens` (SWA for the last `swa_last`) and insert."""
     n = len(tokens) // P
     need = {"kv": n}
-    if c.swa is not None:
+    if swa_of(c) is not None:
         need["swa"] = min(swa_last, n)
     got = c.alloc_device(need)
     assert got is not None
     swa = {}
-    if c.swa is not None:
+    if swa_of(c) is not None:
         swa = {n - len(got["swa"]) + i: int(p) for i, p in enumerate(got["swa"])}
-    res = c.insert(tokens, got["kv"], swa)
+    res = c.insert(tokens, got["kv"], {"swa": swa} if swa else None)
     c.check_invariants()
     return res, got
 
@@ -44,3 +44,41 @@ def put(c: TreeCore, tokens: np.ndarray, swa_last: int = 1):
 def query(tokens: np.ndarray) -> np.ndarray:
     """A request whose prompt is `tokens` plus one more token (the cap keeps whole pages)."""
     return np.concatenate([tokens, np.asarray([7], np.int32)])
+
+
+def swa_of(c: TreeCore) -> str | None:
+    """The SWA allocator of `c`'s layout, or None."""
+    return "swa" if "swa" in c.components.names else None
+
+
+def evict_device(c: TreeCore, pages: int, swa: int = 0):
+    return c.evict_device({"kv": pages, **({"swa": swa} if swa_of(c) else {})})
+
+
+def evict_host(c: TreeCore, pages: int, swa: int = 0) -> int:
+    return c.evict_host({"kv": pages, **({"swa": swa} if swa_of(c) else {})})
+
+
+def device_allocs(c: TreeCore):
+    return c.ledger.allocators(Tier.DEVICE)
+
+
+def host_allocs(c: TreeCore):
+    return c.ledger.allocators(Tier.HOST)
+
+
+# a node's pages: anchor and SWA, on device and host
+def dev(node):
+    return node.pages[Tier.DEVICE][0]
+
+
+def host(node):
+    return node.pages[Tier.HOST][0]
+
+
+def swa_dev(node):
+    return node.pages[Tier.DEVICE][1] if len(node.pages[Tier.DEVICE]) > 1 else None
+
+
+def swa_host(node):
+    return node.pages[Tier.HOST][1] if len(node.pages[Tier.HOST]) > 1 else None

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hicache_jax.alloc import AnchorAllocator, NoAllocator, PageAllocator, TierAllocators, pages_of, slots_of
+from hicache_jax.alloc import PageAllocator, TierAllocators
 from helpers import layout
 
 
@@ -43,31 +43,14 @@ def test_free_merges_neighbours():
     assert a.num_runs() == 1 and a.alloc(3).tolist() == [3, 4, 5]
 
 
-def test_anchor_allocator_is_page_aligned():
-    anchor = AnchorAllocator(PageAllocator("kv", "host", 4), page_size=256)
-    slots = anchor.alloc(512)
-    assert slots.tolist() == list(range(512))
-    with pytest.raises(ValueError, match="page-aligned"):
-        anchor.alloc(100)
-    with pytest.raises(ValueError, match="not a whole number of pages"):
-        anchor.free(slots[:100])
-    with pytest.raises(ValueError, match="not one aligned page"):
-        anchor.free(slots[1:257])
-    assert anchor.available() == 2 * 256           # nothing was rounded away
-    anchor.free(slots)
-    assert anchor.available() == 4 * 256
-    assert pages_of(slots_of(np.array([3, 1]), 256), 256).tolist() == [3, 1]
-
-
-def test_pools_without_allocator_refuse_everything():
+def test_pools_without_allocator_have_none():
     tier = TierAllocators(layout("tiny_v4"), "host", {"kv": 4, "swa": 4})
     for pool in ("deepseek_v4_c4_state", "deepseek_v4_c4_indexer_state", "deepseek_v4_c4"):
-        none = tier.for_pool(pool)
-        assert isinstance(none, NoAllocator)
-        for call in (lambda: none.alloc(1), lambda: none.free([0]), lambda: none.available()):
-            with pytest.raises(TypeError, match="has no allocator"):
-                call()
-    assert tier.for_pool("swa") is tier["swa"]
+        with pytest.raises(KeyError, match="no host allocator"):
+            tier[pool]
+    with pytest.raises(ValueError, match="has no host allocator"):
+        tier.resolve({"deepseek_v4_c4_state": 1})
+    assert [a.name for a in tier] == ["kv", "swa"]
 
 
 def test_resolve_is_all_or_nothing_with_one_reclaim():

@@ -5,7 +5,7 @@ import pytest
 from hicache_jax.tree import Residency, TreeStateError
 from hicache_jax.tree.match import best_boundary
 from hicache_jax.tree.node import ABSENT
-from helpers import P, core, put, query, seq
+from helpers import P, core, dev, device_allocs, evict_device, put, query, seq, swa_dev
 
 
 def test_match_is_page_aligned_and_keeps_one_token():
@@ -31,10 +31,10 @@ def test_insert_splits_nodes_and_frees_duplicates():
     c = core("tiny_gqa")
     r1, got1 = put(c, seq(1, 2, 3))
     assert (r1.cached_len, r1.new_len) == (3 * P, 3 * P)
-    free_before = c.device["kv"].num_free
+    free_before = device_allocs(c)["kv"].num_free
     r2, got2 = put(c, seq(1, 2, 4))           # recomputed the shared 2 pages on its own pages
     assert (r2.cached_len, r2.new_len) == (3 * P, P)
-    assert c.device["kv"].num_free == free_before - 1     # 2 duplicates freed, 1 page kept
+    assert device_allocs(c)["kv"].num_free == free_before - 1     # 2 duplicates freed, 1 page kept
     assert c.tree.num_nodes == 3                          # [1 2] -> {[3], [4]}
     assert c.match_prefix(query(seq(1, 2, 4))).device_pages.tolist() == got1["kv"][:2].tolist() + [got2["kv"][2]]
 
@@ -52,7 +52,7 @@ def test_insert_reusing_matched_pages_keeps_them():
 def test_insert_bad_input_changes_nothing():
     c = core("tiny_v4")
     put(c, seq(1, 2))
-    free = (c.device["kv"].num_free, c.device["swa"].num_free)
+    free = (device_allocs(c)["kv"].num_free, device_allocs(c)["swa"].num_free)
     nodes = c.tree.num_nodes
     with pytest.raises(ValueError, match="whole pages"):
         c.insert(seq(1)[:100], [0])
@@ -61,12 +61,12 @@ def test_insert_bad_input_changes_nothing():
     with pytest.raises(ValueError, match="1 pages given 2 device pages"):
         c.insert(seq(3), [0, 1])
     with pytest.raises(ValueError, match="logical pages \\[3\\]"):
-        c.insert(seq(3), c.alloc_device({"kv": 1})["kv"], {3: 0})
+        c.insert(seq(3), c.alloc_device({"kv": 1})["kv"], {"swa": {3: 0}})
     with pytest.raises(ValueError, match="1-D sequence of integers"):
         c.insert(np.ones((2, 256), np.int32), [0, 1])
     with pytest.raises(ValueError, match="tokens must be"):
         c.match_prefix(["a", "b"])
-    assert c.tree.num_nodes == nodes and c.device["swa"].num_free == free[1]
+    assert c.tree.num_nodes == nodes and device_allocs(c)["swa"].num_free == free[1]
     c.check_invariants()
 
 
@@ -95,14 +95,14 @@ def test_locks_pin_the_path_and_survive_splits():
     c = core("tiny_gqa", dev=4, write_policy="write_through_selective")
     r, _ = put(c, seq(1, 2, 3))
     lock = c.lock(r.node)
-    assert c.evict_device(3).device_pages == 0         # locked: nothing evictable
+    assert evict_device(c, 3).device_pages == 0         # locked: nothing evictable
     c.match_prefix(query(seq(1)))                      # splits the locked node
     c.check_invariants()
-    assert c.evict_device(3).device_pages == 0
+    assert evict_device(c, 3).device_pages == 0
     c.unlock(lock)
     c.check_invariants()
-    assert c.evict_device(3).device_pages == 3           # both halves, leaf first
-    assert c.tree.num_nodes == 0 and c.dropped["write_through_unbacked_eviction"] == 3 * P
+    assert evict_device(c, 3).device_pages == 3           # both halves, leaf first
+    assert c.tree.num_nodes == 0 and c.stats.dropped[("kv", "write_through_unbacked_eviction")] == 3 * P
     with pytest.raises(ValueError, match="not a held lock"):
         c.unlock(lock)
 
@@ -120,19 +120,19 @@ def test_check_invariants_catches_corruption():
     c = core("tiny_v4")
     r, got = put(c, seq(1, 2))
     node = c.node(r.node)
-    node.device[0] = node.device[1]                   # one page owned twice
+    dev(node)[0] = dev(node)[1]                   # one page owned twice
     with pytest.raises(TreeStateError, match="owned twice|capacity"):
         c.check_invariants()
-    node.device[0] = got["kv"][0]
+    dev(node)[0] = got["kv"][0]
     c.check_invariants()
     node.lock_ref += 1
     with pytest.raises(TreeStateError, match="lock count"):
         c.check_invariants()
     node.lock_ref -= 1
-    node.swa_device[0] = node.swa_device[1]
+    swa_dev(node)[0] = swa_dev(node)[1]
     with pytest.raises(TreeStateError):
         c.check_invariants()
-    node.swa_device[0] = ABSENT
+    swa_dev(node)[0] = ABSENT
     node.state = Residency.HOST
     with pytest.raises(TreeStateError, match="device pages present in state host"):
         c.check_invariants()

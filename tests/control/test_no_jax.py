@@ -16,7 +16,7 @@ from hicache_jax.alloc import TierAllocators
 layout = hc.build_layout(hc.load_model_config('configs/tiny_v4.json'))
 core = TreeCore(layout, device_pages={'kv': 4, 'swa': 4}, host_pages={'kv': 8, 'swa': 8})
 got = core.alloc_device({'kv': 2, 'swa': 1})
-core.insert(np.arange(512, dtype=np.int32), got['kv'], {1: int(got['swa'][0])})
+core.insert(np.arange(512, dtype=np.int32), got['kv'], {'swa': {1: int(got['swa'][0])}})
 batch = core.take_backup_batch()
 core.ack_backup(batch.ack_id)
 core.check_invariants()

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from hicache_jax.plan import Direction, HostRun, make_plan, pool_rows
+from hicache_jax.plan import Direction, HostRun, make_plan
 from helpers import layout
 
 
@@ -25,11 +25,12 @@ def test_plan_sorts_by_host_page_and_coalesces_runs():
 def test_derived_rows():
     lay = layout("tiny_v4")
     # kv sidecars: row = slot // ratio, so anchor page 3 holds c4 rows 192..255 and c128 rows 6, 7
-    assert pool_rows(lay.pool("deepseek_v4_c4"), np.array([3])).tolist() == list(range(192, 256))
     slots = np.arange(3 * 256, 4 * 256)
-    assert np.unique(slots // 128).tolist() == pool_rows(lay.pool("deepseek_v4_c128"), np.array([3])).tolist()
-    # swa state: the 8 ring rows of SWA page 2
-    assert pool_rows(lay.pool("deepseek_v4_c4_state"), np.array([2])).tolist() == list(range(16, 24))
+    for pool, ratio in (("deepseek_v4_c4", 4), ("deepseek_v4_c128", 128)):
+        rpp = lay.pool(pool).rows_per_page
+        assert np.unique(slots // ratio).tolist() == list(range(3 * rpp, 4 * rpp))
+    # swa state: the 8 ring rows of an SWA page
+    assert lay.pool("deepseek_v4_c4_state").rows_per_page == 8
 
 
 @pytest.mark.parametrize("pages,match", [

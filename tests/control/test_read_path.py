@@ -1,14 +1,14 @@
 """Read path: load-backs, owners and back-off, thresholds, SWA window loads, failures."""
 import pytest
 
-from hicache_jax.tree import LoadJob, Refusal, Residency
-from helpers import P, core, put, query, seq
+from hicache_jax.tree import LoadJob, Refusal, Residency, TreeStateError
+from helpers import P, core, dev, device_allocs, evict_device, evict_host, put, query, seq, swa_of
 
 
 def backed_up_then_evicted(c, tokens, swa_last=1):
     r, _ = put(c, tokens, swa_last=swa_last)
     c.ack_backup(c.take_backup_batch().ack_id)
-    c.evict_device(len(tokens) // P)
+    evict_device(c, len(tokens) // P)
     c.check_invariants()
     return r
 
@@ -21,13 +21,13 @@ def test_load_back_roundtrip_and_second_claimant_backs_off():
     job = c.start_load(m)
     assert isinstance(job, LoadJob) and job.loaded_tokens == 3 * P
     assert job.plan.num_pages("kv") == 3 and job.plan.num_pages("swa") == 1
-    assert job.device_pages.tolist() == c.node(r.node).device.tolist() and job.swa_pages.size == 1
+    assert job.device_pages.tolist() == dev(c.node(r.node)).tolist() and job.window_pages["swa"].size == 1
     c.check_invariants()
     assert c.node(r.node).state is Residency.LOADING
     m2 = c.match_prefix(query(seq(1, 2, 3)))      # in flight: not valid on device yet
     assert (m2.device_len, m2.host_len) == (0, 3 * P)
     assert c.start_load(m2) is Refusal.OWNED       # a second request recomputes instead
-    assert c.events["load_refused_owned"] == 1
+    assert c.stats.refusals[Refusal.OWNED] == 1
     c.finish_load(job.load_id)
     c.check_invariants()
     m3 = c.match_prefix(query(seq(1, 2, 3)))
@@ -40,7 +40,9 @@ def test_threshold_and_empty_plans():
     backed_up_then_evicted(c, seq(1))
     m = c.match_prefix(query(seq(1)))
     assert c.start_load(m) is Refusal.BELOW_THRESHOLD
-    c.load_back_threshold = 0                      # applied as max(1, 0)
+    c = core("tiny_gqa", load_back_threshold=0)    # applied as max(1, 0)
+    backed_up_then_evicted(c, seq(1))
+    m = c.match_prefix(query(seq(1)))
     assert isinstance(c.start_load(m), LoadJob)
     put(c, seq(2))
     assert c.start_load(c.match_prefix(query(seq(2)))) is Refusal.EMPTY   # nothing on host to move
@@ -67,12 +69,12 @@ def test_only_the_trailing_window_swa_is_loaded():
 def test_failed_load_leaves_host_copy_usable():
     c = core("tiny_v4")
     r = backed_up_then_evicted(c, seq(1, 2))
-    free = (c.device["kv"].num_free, c.device["swa"].num_free)
+    free = (device_allocs(c)["kv"].num_free, device_allocs(c)["swa"].num_free)
     job = c.start_load(c.match_prefix(query(seq(1, 2))))
     c.fail_load(job.load_id)
     c.check_invariants()
     assert c.node(r.node).state is Residency.HOST
-    assert (c.device["kv"].num_free, c.device["swa"].num_free) == free
+    assert (device_allocs(c)["kv"].num_free, device_allocs(c)["swa"].num_free) == free
     m = c.match_prefix(query(seq(1, 2)))
     assert m.device_len == 0 and m.host_len == 2 * P
     assert isinstance(c.start_load(m), LoadJob)
@@ -81,7 +83,7 @@ def test_failed_load_leaves_host_copy_usable():
 def test_no_device_space_changes_nothing():
     c = core("tiny_gqa", dev=3, write_policy="write_back")
     backed_up = put(c, seq(1, 2))[0]
-    c.evict_device(2)
+    evict_device(c, 2)
     c.ack_backup(c.take_backup_batch().ack_id)
     m = c.match_prefix(query(seq(1, 2)))
     held = c.alloc_device({"kv": 2})               # a running request holds 2 of 3 pages
@@ -95,14 +97,14 @@ def test_no_device_space_changes_nothing():
 def test_stale_and_pending_matches_are_refused():
     c = core("tiny_gqa", write_policy="write_back")
     put(c, seq(1, 2))
-    c.evict_device(2)
+    evict_device(c, 2)
     c.ack_backup(c.take_backup_batch().ack_id)
     m = c.match_prefix(query(seq(1, 2)))
-    c.evict_host(2)                                # gone before the load starts
+    evict_host(c, 2)                                # gone before the load starts
     assert c.start_load(m) is Refusal.STALE
     put(c, seq(3))
     m = c.match_prefix(query(seq(3)))              # on device at match time ...
-    c.evict_device(1)                              # ... then demoted, its write in flight
+    evict_device(c, 1)                              # ... then demoted, its write in flight
     assert c.start_load(m) is Refusal.PENDING
     c.check_invariants()
 
@@ -112,7 +114,7 @@ def test_a_match_reports_host_copies_still_being_written(name):
     c = core(name, write_policy="write_back")
     put(c, seq(1, 2), swa_last=2)
     put(c, seq(1, 2, 3, 4), swa_last=2)
-    c.evict_device(4, 4 if c.swa else 0)            # both demoted, their writes in flight
+    evict_device(c, 4, 4 if swa_of(c) else 0)            # both demoted, their writes in flight
     m = c.match_prefix(query(seq(1, 2, 3, 4)))
     assert (m.device_len, m.host_len, m.pending_len) == (0, 0, 4 * P)
     c.ack_backup(c.take_backup_batch().ack_id)      # landed: the same prompt now matches on host
@@ -127,6 +129,5 @@ def test_two_loads_never_own_one_node():
     backed_up_then_evicted(c, seq(1, 2))
     job = c.start_load(c.match_prefix(query(seq(1, 2))))
     node = c.node(job.node)
-    import pytest
-    with pytest.raises(AssertionError, match="claimed by load"):
-        c._own(node, job.load_id + 1, c._loads[job.load_id])
+    with pytest.raises(TreeStateError, match="claimed by load"):
+        c.book.own(node, job.load_id + 1)

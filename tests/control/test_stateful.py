@@ -6,15 +6,23 @@ and host memories receive labels exactly when the data plane would move bytes (a
 copies at dispatch, a load copies at dispatch, a failed transfer leaves garbage). After
 every step the tree's invariants hold and every page the tree calls valid holds the right
 label, so a half-restored or wrongly restored prefix can never be matched.
+
+The machine knows the layout's allocators only as the tree's components: the same rules
+and checks run on a layout with two independent window allocators (an SWA pool and a
+draft model's SWA pool).
 """
+import dataclasses
+
 import numpy as np
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from hicache_jax.tree import LoadJob
+import hicache_jax as hc
+from hicache_jax.layout import PoolName
+from hicache_jax.tree import LoadJob, Tier, TreeCore
 from hicache_jax.tree.node import ABSENT
 from hicache_jax.tree.state import DEVICE_VALID, HOST_DURABLE
-from helpers import P, core, query, seq
+from helpers import P, core, dev, device_allocs, host, host_allocs, layout, query, seq
 
 GARBAGE = ("garbage",)
 blocks = st.lists(st.integers(0, 3), min_size=1, max_size=5)
@@ -27,11 +35,17 @@ class TreeMachine(RuleBasedStateMachine):
                 dev=st.integers(4, 12), host=st.integers(4, 24), swa_dev=st.integers(3, 8), swa_host=st.integers(2, 12),
                 threshold=st.sampled_from([0, 10, 512]))
     def setup(self, policy, dev, host, swa_dev, swa_host, threshold):
-        self.c = core(self.layout_name, dev=dev, host=host, swa_dev=swa_dev, swa_host=swa_host,
-                      write_policy=policy, load_back_threshold=threshold)
-        self.swa = self.c.swa
+        self.c = self.make_core(dev=dev, host=host, swa_dev=swa_dev, swa_host=swa_host,
+                                write_policy=policy, load_back_threshold=threshold)
+        self.windows = [w.name for w in self.c.components.windows]   # window allocators
         self.mem = {"device": {}, "host": {}}   # (allocator, page) -> label
         self.backups, self.loads, self.locks = [], [], []
+
+    def make_core(self, **kw) -> TreeCore:
+        return core(self.layout_name, **kw)
+
+    def need(self, anchor: int, window: int) -> dict[str, int]:
+        return {"kv": anchor, **dict.fromkeys(self.windows, window)}
 
     # -- the simulated data plane ---------------------------------------------------------
     def dispatch(self, plan, src, dst):
@@ -81,9 +95,7 @@ class TreeMachine(RuleBasedStateMachine):
     def compute_and_insert(self, b, tokens, table, usable, swa_pick):
         c = self.c
         n_new = (len(tokens) - usable) // P
-        need = {"kv": n_new}
-        if self.swa:
-            need["swa"] = n_new
+        need = self.need(n_new, n_new)
         got = c.alloc_device(need) if n_new else {k: np.zeros(0, np.int32) for k in need}
         self.flush_if_needed()
         if got is None:
@@ -91,25 +103,26 @@ class TreeMachine(RuleBasedStateMachine):
         first = usable // P
         for i, p in enumerate(got["kv"].tolist()):
             self.mem["device"][("kv", p)] = label("kv", b, first + i)
-        swa_given = {}
-        if self.swa:
-            for i, p in enumerate(got["swa"].tolist()):
-                self.mem["device"][("swa", p)] = label("swa", b, first + i)
-                if i == n_new - 1 or (swa_pick >> (i % 4)) & 1:
-                    swa_given[first + i] = p
-            c.free_device("swa", [p for p in got["swa"].tolist() if p not in swa_given.values()])
-        r = c.insert(tokens, table + got["kv"].tolist(), swa_given)
+        given = {}
+        for k, w in enumerate(self.windows):
+            given[w] = {}
+            for i, p in enumerate(got[w].tolist()):
+                self.mem["device"][(w, p)] = label(w, b, first + i)
+                if i == n_new - 1 or (swa_pick >> ((i + k) % 4)) & 1:
+                    given[w][first + i] = p
+            c.free_device(w, [p for p in got[w].tolist() if p not in given[w].values()])
+        r = c.insert(tokens, table + got["kv"].tolist(), given or None)
         if r.cached_len == len(tokens) and not self.loads:
             assert c.match_prefix(query(tokens)).device_len == len(tokens)   # just inserted: all on device
 
     @rule(n=st.integers(1, 6), swa=st.integers(0, 3))
     def evict_device(self, n, swa):
-        self.c.evict_device(n, swa if self.swa else 0)
+        self.c.evict_device(self.need(n, swa))
         self.flush_if_needed()
 
     @rule(n=st.integers(1, 6), swa=st.integers(0, 3))
     def evict_host(self, n, swa):
-        self.c.evict_host(n, swa if self.swa else 0)
+        self.c.evict_host(self.need(n, swa))
 
     @rule()
     def step_flush(self):
@@ -157,13 +170,17 @@ class TreeMachine(RuleBasedStateMachine):
             for i in range(len(node.tokens) // P):
                 want = prefix[: first + i + 1]
                 if node.state in DEVICE_VALID:
-                    assert self.mem["device"].get(("kv", int(node.device[i]))) == ("kv", want), node
-                    if node.swa_device is not None and node.swa_device[i] != ABSENT and node.load_id is None:
-                        assert self.mem["device"].get(("swa", int(node.swa_device[i]))) == ("swa", want), node
+                    assert self.mem["device"].get(("kv", int(dev(node)[i]))) == ("kv", want), node
+                    for k, w in enumerate(self.windows, start=1):
+                        page = node.pages[Tier.DEVICE][k][i]
+                        if page != ABSENT and node.load_id is None:
+                            assert self.mem["device"].get((w, int(page))) == (w, want), node
                 if node.state in HOST_DURABLE and node.write_id is None:
-                    assert self.mem["host"].get(("kv", int(node.host[i]))) == ("kv", want), node
-                    if node.swa_host is not None and node.swa_host[i] != ABSENT:
-                        assert self.mem["host"].get(("swa", int(node.swa_host[i]))) == ("swa", want), node
+                    assert self.mem["host"].get(("kv", int(host(node)[i]))) == ("kv", want), node
+                    for k, w in enumerate(self.windows, start=1):
+                        page = node.pages[Tier.HOST][k][i]
+                        if page != ABSENT:
+                            assert self.mem["host"].get((w, int(page))) == (w, want), node
 
     def teardown(self):
         """Drain everything in flight, evict both tiers: every page must come back."""
@@ -178,15 +195,15 @@ class TreeMachine(RuleBasedStateMachine):
         for lock in self.locks:
             c.unlock(lock)
         for _ in range(64):   # a pending write-back pins its parent until acked: repeat
-            c.evict_device(10 ** 6, 10 ** 6)
+            c.evict_device(self.need(10 ** 6, 10 ** 6))
             while (batch := c.take_backup_batch()) is not None:
                 c.ack_backup(batch.ack_id)
-            c.evict_host(10 ** 6, 10 ** 6)
+            c.evict_host(self.need(10 ** 6, 10 ** 6))
             if c.tree.num_nodes == 0:
                 break
         c.check_invariants()
         assert c.tree.num_nodes == 0
-        for alloc in list(c.device) + list(c.host):
+        for alloc in list(device_allocs(c)) + list(host_allocs(c)):
             assert alloc.num_free == alloc.capacity, alloc
 
 
@@ -208,9 +225,25 @@ class GQAMachine(TreeMachine):
     layout_name = "tiny_gqa"
 
 
+def two_window_layout():
+    """tiny_v4 plus a second independent window allocator: a draft model's SWA pool, whose
+    state the tree tracks as its own component (same window, its own pages)."""
+    lay = layout("tiny_v4")
+    draft = dataclasses.replace(lay.pool("swa"), name=str(PoolName.DRAFT_SWA))
+    return hc.PoolLayout(lay.model, (*lay.pools, draft), lay.layers)
+
+
+class TwoWindowMachine(TreeMachine):
+    def make_core(self, dev, host, swa_dev, swa_host, **kw) -> TreeCore:
+        device = {"kv": dev, "swa": swa_dev, "draft_swa": max(2, swa_dev - 1)}
+        return TreeCore(two_window_layout(), device_pages=device,
+                        host_pages={"kv": host, "swa": swa_host, "draft_swa": swa_host + 1}, **kw)
+
+
 TestTreeV4 = TreeMachine.TestCase
 TestTreeV41 = V41Machine.TestCase
 TestTreeGQA = GQAMachine.TestCase
-for _case in (TestTreeV4, TestTreeV41, TestTreeGQA):
+TestTreeTwoWindows = TwoWindowMachine.TestCase
+for _case in (TestTreeV4, TestTreeV41, TestTreeGQA, TestTreeTwoWindows):
     _case.settings = settings(_case.settings, stateful_step_count=40, report_multiple_bugs=False)
 del _case

@@ -2,7 +2,7 @@
 import pytest
 
 from hicache_jax.tree import Residency
-from helpers import P, core, put, query, seq
+from helpers import P, core, dev, device_allocs, evict_device, evict_host, host, host_allocs, put, query, seq
 
 
 def state(c, r):
@@ -43,9 +43,9 @@ def test_write_through_backs_up_unbacked_ancestors_first():
     b, _ = put(c, seq(6, 7))
     mid = c.match_prefix(query(seq(6)))           # split [6 7] -> [6] [7], both unbacked
     head, deep = c.node(mid.device_node), c.node(b.node)
-    assert c.backup(deep)
+    assert c.backup(deep.id)
     assert (head.state, deep.state) == (Residency.BACKING_UP, Residency.BACKING_UP)
-    assert head.host[0] < deep.host[0]            # root side committed first
+    assert host(head)[0] < host(deep)[0]            # root side committed first
     assert c.node(other.node).state is Residency.DEVICE
     c.check_invariants()
 
@@ -77,27 +77,27 @@ def test_backup_is_all_or_nothing_when_swa_host_is_full():
     put(c, seq(1))                                    # 2nd hit: backed up, takes the only SWA host page
     c.ack_backup(c.take_backup_batch().ack_id)        # SYNCED: not a host leaf, so not reclaimable
     b, _ = put(c, seq(2))
-    free = (c.host["kv"].num_free, c.host["swa"].num_free)
-    assert not c.backup(c.node(b.node))
-    assert (c.host["kv"].num_free, c.host["swa"].num_free) == free
+    free = (host_allocs(c)["kv"].num_free, host_allocs(c)["swa"].num_free)
+    assert not c.backup(b.node)
+    assert (host_allocs(c)["kv"].num_free, host_allocs(c)["swa"].num_free) == free
     assert c.node(b.node).state is Residency.DEVICE and c.take_backup_batch() is None
-    assert c.events["backup_no_host_space"] == 1
+    assert c.stats.backups_without_room == 1
     c.check_invariants()
 
 
 def test_host_slots_of_pending_writes_are_never_reclaimed():
     c = core("tiny_gqa", host=2, write_policy="write_back")
     r, _ = put(c, seq(1, 2))
-    assert c.evict_device(2).device_pages == 2        # write-back: backed up and demoted
+    assert evict_device(c, 2).device_pages == 2        # write-back: backed up and demoted
     assert c.needs_flush and c.node(r.node).state is Residency.HOST_PENDING
     batch = c.take_backup_batch()
     put(c, seq(3))
-    assert c.evict_host(2) == 0                       # the only host leaf is still being written
-    res = c.evict_device(1)                           # no host room for this write-back: dropped
-    assert res.dropped_tokens == P and c.dropped["host_pressure"] == P
+    assert evict_host(c, 2) == 0                       # the only host leaf is still being written
+    res = evict_device(c, 1)                           # no host room for this write-back: dropped
+    assert res.dropped_tokens == P and c.stats.dropped[("kv", "host_pressure")] == P
     c.ack_backup(batch.ack_id)
     assert c.node(r.node).state is Residency.HOST
-    assert c.evict_host(2) == 2 and c.tree.num_nodes == 0
+    assert evict_host(c, 2) == 2 and c.tree.num_nodes == 0
     c.check_invariants()
 
 
@@ -107,15 +107,15 @@ def test_failed_backups():
     batch = c.take_backup_batch()
     c.fail_backup(batch.ack_id)
     c.check_invariants()
-    assert c.node(r.node).state is Residency.DEVICE and c.host["kv"].num_free == 16
+    assert c.node(r.node).state is Residency.DEVICE and host_allocs(c)["kv"].num_free == 16
     assert c.node(r.node).lock_ref == 0
     wb = core("tiny_gqa", write_policy="write_back")
     r, _ = put(wb, seq(1, 2))
-    wb.evict_device(2)
+    evict_device(wb, 2)
     wb.fail_backup(wb.take_backup_batch().ack_id)     # its only copy is gone
     wb.check_invariants()
-    assert wb.tree.num_nodes == 0 and wb.dropped["backup_failed"] == 2 * P
-    assert wb.host["kv"].num_free == 16 and wb.device["kv"].num_free == 8
+    assert wb.tree.num_nodes == 0 and wb.stats.dropped[("kv", "backup_failed")] == 2 * P
+    assert host_allocs(wb)["kv"].num_free == 16 and device_allocs(wb)["kv"].num_free == 8
 
 
 def test_failed_parent_backup_keeps_write_through_closure():
@@ -132,15 +132,15 @@ def test_failed_parent_backup_keeps_write_through_closure():
     c.check_invariants()
     assert c.node(parent.node).state is Residency.DEVICE
     assert c.node(child.node).state is Residency.DEVICE   # its host copy was dropped with the parent's
-    assert c.host["kv"].num_free == 16
+    assert host_allocs(c)["kv"].num_free == 16
 
 
 def test_unbacked_write_through_eviction_is_counted():
     c = core("tiny_gqa", write_policy="write_through_selective")
     put(c, seq(1, 2))
-    res = c.evict_device(2)
+    res = evict_device(c, 2)
     assert res.dropped_tokens == 2 * P
-    assert dict(c.dropped) == {"write_through_unbacked_eviction": 2 * P}
+    assert dict(c.stats.dropped) == {("kv", "write_through_unbacked_eviction"): 2 * P}
     c.check_invariants()
 
 
@@ -153,11 +153,11 @@ def test_queued_copies_dropped_before_dispatch_release_everything():
     b, _ = put(c, seq(0, 0))                         # b's copy is queued (not dispatched)
     c.fail_backup(first.ack_id)                      # a unbacked: b's queued copy must go too
     c.check_invariants()
-    assert c.node(b.node).state is Residency.DEVICE and c.host["kv"].num_free == 4
+    assert c.node(b.node).state is Residency.DEVICE and host_allocs(c)["kv"].num_free == 4
     assert c.take_backup_batch() is None and c.node(b.node).lock_ref == 0
     put(c, seq(0, 0))                                # both hit again: one copy each
     batch = c.take_backup_batch()
     assert sorted(batch.plan.batch("kv").device_pages.tolist()) == sorted(
-        c.node(a.node).device.tolist() + c.node(b.node).device.tolist())
+        dev(c.node(a.node)).tolist() + dev(c.node(b.node)).tolist())
     c.ack_backup(batch.ack_id)
     c.check_invariants()

@@ -1,0 +1,60 @@
+"""What `HiCache` hands back to a serving loop: named, immutable results."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from hicache_jax.tree import LockId, NodeId, Refusal
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class LoadBack:
+    """The outcome of `load_back`.
+
+    Started: `total_len` tokens are usable once `wait(...)` (or a `step()` reporting
+    `"load:<load_id>"`) says it landed, and `lock` pins them, from the start, until the
+    caller's `unlock(lock)`: whatever else the loop does meanwhile, `device_pages` (anchor
+    pages of the whole prefix) and `swa_pages` (SWA pages of its trailing window) stay
+    what they say. If the load fails, unlock it and use the match's device prefix.
+    Refused: nothing was taken and `lock` is None; the match's device prefix is what
+    there is (`device_pages`, `swa_pages`, `node` are the match's).
+    """
+
+    load_id: int | None
+    refused: Refusal | None
+    total_len: int
+    loaded_tokens: int
+    device_pages: np.ndarray
+    swa_pages: np.ndarray
+    node: NodeId
+    lock: LockId | None = None
+
+    @property
+    def started(self) -> bool:
+        return self.refused is None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Prefix:
+    """A prompt's usable cached prefix, pinned on device until `cache.unlock(prefix.lock)`.
+
+    `length` tokens (page-aligned) whose anchor pages are `device_pages` and whose trailing
+    window's SWA pages are `swa_pages`; `device_tokens` of them were already on device,
+    `host_tokens` were loaded back. `refused` says why a host hit was not loaded, if so.
+    """
+
+    length: int
+    device_pages: np.ndarray
+    swa_pages: np.ndarray
+    lock: LockId
+    device_tokens: int
+    host_tokens: int
+    refused: Refusal | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class StepReport:
+    dispatched_backup_tokens: int
+    completed: tuple[str, ...]   # "backup:<ack id>" / "load:<load id>" completed this step
+    failed: tuple[str, ...]      # the same for transfers that failed or timed out
