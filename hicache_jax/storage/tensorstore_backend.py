@@ -29,6 +29,7 @@ from hicache_jax.storage.backend import StorageBackend
 from hicache_jax.storage.memory_backend import fill
 
 _EMPTY = slice(0, 0)   # a zero-length byte range: presence without reading the value
+NO_VALUE = b"\x02"     # tensorstore's generation of an absent key (StorageGeneration::NoValue)
 
 
 class TensorstoreBackend(StorageBackend):
@@ -58,13 +59,12 @@ class TensorstoreBackend(StorageBackend):
         return out
 
     def put(self, keys: Sequence[str], objects) -> list[bool]:
-        # One transaction: ocdbt writes the batch's values together and commits once.
-        txn = ts.Transaction()
-        store = self.kvstore.with_transaction(txn)
-        futures = [store.write(k, b"".join((header, memoryview(payload).cast("B"))))
+        # Conditional writes ("only if absent") leave an object another writer stored as it
+        # is. Not one transaction: a single present key would abort all of it. Concurrent
+        # writes still reach ocdbt together, and it commits them in few manifest updates.
+        futures = [self.kvstore.write(k, b"".join((header, memoryview(payload).cast("B"))), if_equal=NO_VALUE)
                    for k, (header, payload) in zip(keys, objects, strict=True)]
         self._results(futures)
-        txn.commit_async().result(timeout=self.timeout_s)
         return [True] * len(keys)
 
     def _results(self, futures) -> list:
