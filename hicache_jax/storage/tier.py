@@ -34,6 +34,8 @@ from hicache_jax.storage.objects import HEADER_BYTES, MissReason, make_header, v
 from hicache_jax.storage.rows import RowLayout, byte_allocators
 from hicache_jax.storage.stats import StorageCounters, StorageStats
 
+FIRST_BATCH_PAGES = 8   # pages of a lookup's first `exists` call
+
 
 @dataclasses.dataclass(frozen=True)
 class StorageConfig:
@@ -88,7 +90,7 @@ class StorageTier:
         return page_hashes(tokens, self.layout.page_size, prior)
 
     def exists_prefix(self, pages: Sequence[PageHash]) -> int:
-        """Leading pages whose every kv-derived object is stored; one `exists` per 128 pages."""
+        """Leading pages whose every kv-derived object is stored (a miss: one `exists` call)."""
         return self.guard.call("exists", lambda: self._leading(self.anchor, pages), lambda _: 0)
 
     def window_present(self, pages: Sequence[PageHash], stop: int) -> bool:
@@ -143,8 +145,11 @@ class StorageTier:
     def _leading(self, allocator: str, pages: Sequence[PageHash]) -> int:
         layout = self.rows[allocator]
         found = 0
-        for start in range(0, len(pages), MAX_BATCH_PAGES):
-            batch = pages[start:start + MAX_BATCH_PAGES]
+        # The first call asks for FIRST_BATCH_PAGES pages only: most lookups of a new prompt
+        # miss at page 0, and an engine's cost grows with the keys it is asked about
+        # (ocdbt: one B-tree lookup each). A hit pays one more round trip.
+        for start, stop in _batch_bounds(len(pages)):
+            batch = pages[start:stop]
             self.counters.call("exists")
             whole = self.backend.exists(self._texts(layout, batch)) // len(layout.segments)
             found += whole
@@ -258,6 +263,16 @@ class StorageTier:
         if write and len(set(ids.tolist())) != n:
             raise ValueError("row_ids to read pages into must be distinct")
         return view, ids
+
+
+def _batch_bounds(n: int) -> list[tuple[int, int]]:
+    """[start, stop) of each `exists` batch over n pages: FIRST_BATCH_PAGES, then MAX_BATCH_PAGES each."""
+    bounds, start = [], 0
+    while start < n:
+        stop = min(n, start + (FIRST_BATCH_PAGES if start == 0 else MAX_BATCH_PAGES))
+        bounds.append((start, stop))
+        start = stop
+    return bounds
 
 
 def _payload(view: np.ndarray, row: int, seg) -> np.ndarray:

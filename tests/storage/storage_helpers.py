@@ -10,7 +10,7 @@ import hicache_jax as hc
 from conftest import CONFIGS
 
 # Mooncake's C++ client logs every call at INFO on stderr; warnings and errors are enough.
-os.environ.setdefault("GLOG_minloglevel", "1")
+os.environ.setdefault("MC_LOG_LEVEL", "WARNING")
 
 
 def mooncake_unavailable() -> str | None:

@@ -114,3 +114,35 @@ def test_tensorstore_absent_generation_is_the_one_puts_rely_on(tmp_path):
     from hicache_jax.storage.tensorstore_backend import NO_VALUE
     backend = open_backend(f"file://{tmp_path}")
     assert backend.kvstore.read("absent").result().stamp.generation == NO_VALUE
+
+
+def test_cut_off_object_in_a_real_store_is_a_truncated_miss(tmp_path):
+    tier = StorageTier(load_layout("tiny_v4"), open_backend(f"file://{tmp_path}"))
+    pages = tier.page_hashes(random_tokens(2))
+    rows = random_rows(tier.rows["kv"], 2)
+    assert tier.put_pages("kv", pages, rows, [0, 1]).wait(30)
+    key = tier.keys.key("deepseek_v4_c4", pages[1]).text
+    kvstore = tier.backend.kvstore
+    kvstore.write(key, kvstore.read(key).result().value[:-100]).result()   # a torn write
+    op = tier.get_pages("kv", pages, np.zeros_like(rows), [0, 1])
+    assert op.wait(30) and op.result().served == 1 and op.result().misses == {"truncated": 1}
+    assert tier.stats().pools["deepseek_v4_c4"].misses == {"truncated": 1}
+
+
+@needs_mooncake
+def test_dead_mooncake_master_degrades_without_hanging(tmp_path):
+    import time
+    server = start_mooncake(tmp_path)
+    tier = StorageTier(load_layout("tiny_v4"), open_backend(server.url), StorageConfig(call_timeout_s=5))
+    pages = tier.page_hashes(random_tokens(2, seed=3))
+    rows = random_rows(tier.rows["kv"], 2)
+    assert tier.put_pages("kv", pages, rows, [0, 1]).wait(30) and tier.exists_prefix(pages) == 2
+    server.stop()
+    t = time.monotonic()
+    assert tier.exists_prefix(pages) == 0 and tier.usable_prefix(pages) == 0
+    op = tier.get_pages("kv", pages, np.zeros_like(rows), [0, 1])
+    assert op.wait(10) and op.result().served == 0
+    assert time.monotonic() - t < 10
+    s = tier.stats()
+    assert s.degraded and s.failures_of("error") == 1 and s.failures_of("unavailable") == 2
+    tier.close()

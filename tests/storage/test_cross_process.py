@@ -41,7 +41,7 @@ print(json.dumps(report))
 
 
 def run(role, url, name):
-    env = {**os.environ, "GLOG_minloglevel": "2"}
+    env = {**os.environ, "MC_LOG_LEVEL": "WARNING"}
     r = subprocess.run([sys.executable, "-c", SCRIPT, role, url, name], cwd=ROOT, env=env, capture_output=True,
                        text=True, timeout=180)
     assert r.returncode == 0, r.stderr[-3000:]

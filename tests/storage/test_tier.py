@@ -73,15 +73,17 @@ def test_batches_hold_at_most_128_pages():
     get(tier, "kv", pages, np.zeros_like(rows), range(300))
     assert tier.exists_prefix(pages) == 300
     per_page = len(tier.rows["kv"].segments)
-    assert backend.calls == {"contains": 3, "put": 3, "get": 3, "exists": 3}
+    assert backend.calls == {"contains": 3, "put": 3, "get": 3, "exists": 4}      # exists: 8, 128, 128, 36 pages
     assert max(n for _, n in backend.batch_keys) == MAX_BATCH_PAGES * per_page
+    assert [n for m, n in backend.batch_keys if m == "exists"] == [8 * per_page, 128 * per_page, 128 * per_page,
+                                                                  36 * per_page]
 
 
 def test_a_miss_costs_one_exists_call():
     tier, backend = make_tier()
     pages = tier.page_hashes(random_tokens(1000))
     assert tier.usable_prefix(pages) == 0 and tier.exists_prefix(pages) == 0
-    assert backend.calls == {"exists": 2}
+    assert backend.calls == {"exists": 2} and backend.batch_keys == [("exists", 8 * 3)] * 2
     assert tier.stats().lookup_misses == 1
 
 
@@ -115,6 +117,7 @@ def test_stop_point_needs_its_window():
     backend.hidden_pools.clear()
     calls = dict(backend.calls)
     assert tier.usable_prefix(pages) == 6
+    # six pages: the kv pages in one exists, the SWA flags in one contains, the window in one exists
     assert {k: n - calls.get(k, 0) for k, n in backend.calls.items() if n > calls.get(k, 0)} == {"exists": 2, "contains": 1}
 
 
