@@ -56,17 +56,18 @@ class StorageOp(Generic[R]):
         """The call's result; it must be done (`done()` or `wait()` returned True)."""
         if not self.done():
             raise RuntimeError("bug: StorageOp.result() before the call returned; wait() or poll done() first")
-        return self._value if self._future is None else self._future.result()
+        if self._future is None:
+            return self._value
+        if self._future.cancelled():
+            return self._fallback(MissReason.CANCELLED)
+        return self._future.result()
 
     def cancel(self) -> bool:
-        """Stop the call if it has not started; True when its buffers will never be touched.
-
-        A call stopped this way has the result of a `cancelled` miss.
-        """
-        if self._future is None or not self._future.cancel():
-            return self.done()
-        self._future, self._value = None, self._fallback(MissReason.CANCELLED)
-        return True
+        """Stop the call if it has not started; True when its buffers will never be touched
+        (then its result is a `cancelled` miss)."""
+        if self._future is not None:
+            self._future.cancel()
+        return self.done()
 
 
 class Guard:

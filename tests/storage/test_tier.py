@@ -134,7 +134,7 @@ def test_corrupt_objects_are_counted_misses_never_served(damage):
     assert s.pools[C4].misses == {damage: 1} and s.corrupt_objects == 1 and not s.degraded
 
 
-def test_raising_backend_degrades_then_recovers():
+def test_raising_backend_degrades_then_recovers(caplog):
     now = [0.0]
     tier, backend = make_tier(retry_after_s=10.0)
     tier.guard.clock = lambda: now[0]
@@ -153,6 +153,9 @@ def test_raising_backend_degrades_then_recovers():
     now[0] = 11.0                                                              # the next call is the probe
     assert put(tier, "kv", pages, rows, [0, 1]).written == 6
     assert not tier.stats().degraded and tier.usable_prefix(pages) == 0        # no window stored yet
+    lines = [r.getMessage() for r in caplog.records if r.name == "hicache_jax.storage"]
+    assert len(lines) == 2 and "degraded to host-only serving" in lines[0] and "InjectedFault" in lines[0]
+    assert "is back" in lines[1]
 
 
 def test_stalled_backend_is_bounded_by_the_timeout():
