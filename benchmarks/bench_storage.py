@@ -180,7 +180,8 @@ def main():
     base = pathlib.Path(args.dir or tempfile.mkdtemp(prefix="bench-storage-"))
     base.mkdir(parents=True, exist_ok=True)
     results = {"date": datetime.date.today().isoformat(), "machine": {
-        "cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(), "dir": str(base)},
+        "cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(), "dir": str(base),
+        "load_average_start": os.getloadavg()},
         "versions": versions(), "args": vars(args), "runs": []}
     rng = np.random.default_rng(0)
     for name in args.backends.split(","):
@@ -209,6 +210,7 @@ def main():
             server.stop()
         if store_dir is not None:
             shutil.rmtree(store_dir, ignore_errors=True)
+    results["machine"]["load_average_end"] = os.getloadavg()   # other work on the machine during the run
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
     print(f"wrote {args.out}")
