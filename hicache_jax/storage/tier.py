@@ -91,10 +91,12 @@ class StorageTier:
 
     def exists_prefix(self, pages: Sequence[PageHash]) -> int:
         """Leading pages whose every kv-derived object is stored (a miss: one `exists` call)."""
+        pages = _checked(pages)
         return self.guard.call("exists", lambda: self._leading(self.anchor, pages), lambda _: 0)
 
     def window_present(self, pages: Sequence[PageHash], stop: int) -> bool:
         """Whether the window before `stop` (pages `[stop - window_pages, stop)`) is stored."""
+        pages = _checked(pages)
         if not isinstance(stop, int) or not 0 <= stop <= len(pages):
             raise ValueError(f"stop must be an int in 0..{len(pages)}, got {stop!r}")
         if self.window is None:
@@ -104,6 +106,7 @@ class StorageTier:
 
     def usable_prefix(self, pages: Sequence[PageHash]) -> int:
         """The longest k-page prefix L3 can serve whole: kv-derived pages and the window at k."""
+        pages = _checked(pages)
         def lookup() -> int:
             n = self._leading(self.anchor, pages)
             return self._window_stop(pages, n) if n and self.window is not None else n
@@ -114,19 +117,19 @@ class StorageTier:
     def get_pages(self, allocator: str, pages: Sequence[PageHash], rows: np.ndarray,
                   row_ids: Sequence[int]) -> StorageOp[GetResult]:
         """Read `pages` of `allocator` into `rows[row_ids]` in the background."""
-        layout = self._row_layout(allocator)
+        layout, pages = self._row_layout(allocator), _checked(pages)
         view, ids = self._row_view(layout, rows, row_ids, len(pages), write=True)
         objects = len(pages) * len(layout.segments)
-        return self.guard.submit("get", lambda: self._get(layout, list(pages), view, ids),
+        return self.guard.submit("get", lambda: self._get(layout, pages, view, ids),
                                  lambda reason: GetResult(len(pages), 0, {str(reason): objects}))
 
     def put_pages(self, allocator: str, pages: Sequence[PageHash], rows: np.ndarray,
                   row_ids: Sequence[int]) -> StorageOp[PutResult]:
         """Write `pages` of `allocator` from `rows[row_ids]` in the background."""
-        layout = self._row_layout(allocator)
+        layout, pages = self._row_layout(allocator), _checked(pages)
         view, ids = self._row_view(layout, rows, row_ids, len(pages), write=False)
         objects = len(pages) * len(layout.segments)
-        return self.guard.submit("put", lambda: self._put(layout, list(pages), view, ids),
+        return self.guard.submit("put", lambda: self._put(layout, pages, view, ids),
                                  lambda reason: PutResult(len(pages), 0, 0, objects, reason))
 
     def register(self, rows: np.ndarray) -> None:
@@ -263,6 +266,16 @@ class StorageTier:
         if write and len(set(ids.tolist())) != n:
             raise ValueError("row_ids to read pages into must be distinct")
         return view, ids
+
+
+def _checked(pages: Sequence[PageHash]) -> list[PageHash]:
+    """A caller's page hashes, checked here: a bad one must raise to the caller, not fail
+    on an I/O thread, where it would count as a store error and degrade L3."""
+    pages = list(pages)
+    bad = next((p for p in pages if not isinstance(p, bytes) or len(p) != 32), None)
+    if bad is not None:
+        raise ValueError(f"pages must be 32-byte page hashes (page_hashes(tokens)), got {bad!r}")
+    return pages
 
 
 def _batch_bounds(n: int) -> list[tuple[int, int]]:

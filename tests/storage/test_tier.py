@@ -207,6 +207,11 @@ def test_bad_rows_raise_value_error():
         tier.put_pages("kv", pages, rows, [1])
     with pytest.raises(ValueError, match="allocator 'nope'"):
         tier.put_pages("nope", pages, rows, [0, 1])
+    with pytest.raises(ValueError, match="32-byte page hashes"):
+        tier.usable_prefix([b"short"])
+    with pytest.raises(ValueError, match="32-byte page hashes"):
+        tier.put_pages("kv", ["ab" * 32, pages[0]], rows, [0, 1])
+    assert not tier.stats().failures
     rows.flags.writeable = False
     with pytest.raises(ValueError, match="writeable"):
         tier.get_pages("kv", pages, rows, [0, 1])
