@@ -32,7 +32,8 @@ from hicache_jax.storage.backend import StorageBackend
 from hicache_jax.storage.objects import MissReason
 
 OBJECT_NOT_FOUND = -704   # Mooncake's error codes (mooncake-store types.h)
-BUFFER_TOO_SMALL = -600
+BUFFER_TOO_SMALL = -600   # a multi-buffer get of an object longer than the buffers
+TRANSFER_FAIL = -800      # ... of one shorter than them (or a failed transfer)
 DEFAULT_BUFFER_BYTES = 16 << 20
 
 
@@ -99,12 +100,18 @@ class MooncakeBackend(StorageBackend):
     def get(self, keys: Sequence[str], into) -> list[int | None | MissReason]:
         ptrs, sizes = _pointers(into)
         codes = self.store.batch_get_into_multi_buffers(list(keys), ptrs, sizes)
+        other = [c for c in codes if c < 0 and c not in (OBJECT_NOT_FOUND, BUFFER_TOO_SMALL, TRANSFER_FAIL)]
+        if other:   # the master is unreachable or timed out (RPC errors), or worse: fail the call
+            raise MooncakeError(f"batch_get_into_multi_buffers failed with code {other[0]} on {len(other)} "
+                                f"of {len(keys)} keys")
         return [self._outcome(k, c, sum(n)) for k, c, n in zip(keys, codes, sizes, strict=True)]
 
     def put(self, keys: Sequence[str], objects) -> list[bool]:
         headers = np.frombuffer(b"".join(h for h, _ in objects), np.uint8).reshape(len(objects), -1)
         ptrs, sizes = _pointers([(headers[i], payload) for i, (_, payload) in enumerate(objects)])
         codes = self.store.batch_put_from_multi_buffers(list(keys), ptrs, sizes)
+        if codes and all(c < 0 for c in codes):   # nothing stored: the store is down or full
+            raise MooncakeError(f"batch_put_from_multi_buffers failed on every key (code {codes[0]})")
         return [c == 0 for c in codes]
 
     def register(self, array: np.ndarray) -> None:
@@ -128,9 +135,9 @@ class MooncakeBackend(StorageBackend):
             return code
         if code == OBJECT_NOT_FOUND:
             return None
-        # A multi-buffer get fails unless the object fills the buffers exactly: ask the
-        # object's size (one more call, on this failure path only) to tell a cut-off or
-        # foreign object from a failed transfer.
+        # BUFFER_TOO_SMALL / TRANSFER_FAIL: a multi-buffer get fails unless the object fills
+        # the buffers exactly. Ask the object's size (one more call, on this path only) to
+        # tell a cut-off or foreign object from a failed transfer.
         size = self.store.get_size(key)
         return size if size >= 0 and size != expected else MissReason.ERROR
 

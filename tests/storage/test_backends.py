@@ -145,4 +145,7 @@ def test_dead_mooncake_master_degrades_without_hanging(tmp_path):
     assert time.monotonic() - t < 10
     s = tier.stats()
     assert s.degraded and s.failures_of("error") == 1 and s.failures_of("unavailable") == 2
+    from hicache_jax.storage.mooncake_backend import MooncakeError
+    with pytest.raises(MooncakeError, match="every key"):     # what the tier counts as an error
+        tier.backend.put(["hc1/x"], [(bytes(HEADER_BYTES), np.zeros(8, np.uint8))])
     tier.close()
