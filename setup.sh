@@ -27,8 +27,18 @@ if [ ! -x .venv/bin/python ] || ! ok .venv/bin/python; then
   rm -rf .venv
   "$PY" -m venv .venv
 fi
+# Mooncake (the mooncake extra, L3 on Mooncake Store) loads libibverbs.so.1 even over TCP.
+if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup.sh: installing libibverbs1 (apt) for Mooncake"
+    { apt-get install -y -q libibverbs1 || { apt-get update -q && apt-get install -y -q libibverbs1; }; } >/dev/null 2>&1 \
+      || echo "setup.sh: apt-get could not install libibverbs1: Mooncake storage is off and its tests skip" >&2
+  else
+    echo "setup.sh: libibverbs.so.1 is missing (Debian: apt-get install libibverbs1): Mooncake storage is off and its tests skip" >&2
+  fi
+fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test,bench]'
+.venv/bin/python -m pip install -q -e '.[test,bench,storage,mooncake]'
 .venv/bin/python -c 'import jax, hicache_jax; print("setup.sh: jax", jax.__version__, "on", jax.devices()[0].platform)'
 
 if [ "${1:-}" != "--no-run" ]; then

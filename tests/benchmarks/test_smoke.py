@@ -1,5 +1,6 @@
 """The benchmarks keep working: each runs in its --smoke mode and writes its JSON."""
 import json
+import os
 import subprocess
 import sys
 
@@ -27,3 +28,13 @@ def test_bench_decode_smoke(tmp_path):
     result = run("bench_decode.py", tmp_path, "--configs", "tiny_v4")
     assert all(r["identical"] for r in result["runs"])
     assert result["runs"][0]["host_hit_tokens"] > 0
+
+
+def test_bench_storage_smoke(tmp_path):
+    result = run("bench_storage.py", tmp_path, "--dir", str(tmp_path / "disk"))
+    backends = {r["backend"] for r in result["runs"]}
+    assert {"ocdbt", "plain"} <= backends
+    if os.environ.get("HICACHE_REQUIRE_MOONCAKE") == "1":
+        assert "mooncake" in backends
+    for r in result["runs"]:
+        assert r["put_GBps"] > 0 and r["get_GBps"] > 0 and r["raw_write_GBps"] > 0 and r["raw_read_GBps"] > 0

@@ -1,4 +1,4 @@
-"""The control plane (layout, allocators, tree, plans) never imports jax."""
+"""The control plane (layout, allocators, tree, plans) and the L3 storage tier never import jax."""
 import subprocess
 import sys
 
@@ -20,6 +20,13 @@ core.insert(np.arange(512, dtype=np.int32), got['kv'], {'swa': {1: int(got['swa'
 batch = core.take_backup_batch()
 core.ack_backup(batch.ack_id)
 core.check_invariants()
+from hicache_jax.storage import MemoryBackend, StorageTier, open_backend
+import hicache_jax.storage.tensorstore_backend, hicache_jax.storage.mooncake_server
+tier = StorageTier(layout, open_backend('memory://'))
+pages = tier.page_hashes(np.arange(512))
+rows = np.ones((2, tier.rows['kv'].row_bytes), np.uint8)
+assert tier.put_pages('kv', pages, rows, [0, 1]).wait(10) and tier.exists_prefix(pages) == 2
+tier.close()
 assert not [m for m in sys.modules if m == 'jax' or m.startswith('jax.')], 'jax was imported'
 print('ok')
 """
