@@ -11,7 +11,8 @@ happen before any later step writes, so no call here blocks on a transfer except
 slow link must not turn into a refusal a fast one would not have given).
 
 Every transfer the tree commits has a `TransferId`; the engine's handle for it is kept
-here under that id (`_flights`), and `check_invariants` proves the two sets agree.
+under that id (`Flights`, flights.py), a prefetch's reads likewise (`StorageLink`), and
+`check_invariants` proves the sets agree.
 
 Serving-loop contract (see README): match -> lock -> (load_back -> wait) -> alloc -> model
 steps with `device_pools` / `set_device_pools` -> insert + free -> unlock; `step()` once
@@ -19,8 +20,6 @@ per iteration.
 """
 from __future__ import annotations
 
-import dataclasses
-import logging
 import time
 from collections.abc import Callable, Mapping
 
@@ -28,36 +27,29 @@ import jax
 import numpy as np
 from prometheus_client import CollectorRegistry, generate_latest
 
-from hicache_jax import validate
+from hicache_jax import cache_snapshot, validate
 from hicache_jax.config import HiCacheConfig
 from hicache_jax.layout import PoolLayout
-from hicache_jax.metrics import CacheStats, FailureCause, StatsCollector, Tally, snapshot
+from hicache_jax.flights import Flights
+from hicache_jax.metrics import CacheStats, StatsCollector, Tally, snapshot
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
 from hicache_jax.plan import Direction, TransferPlan
-from hicache_jax.transfer import Handle, TransferEngine
+from hicache_jax.storage import StorageBackend, open_backend
+from hicache_jax.storage_link import StorageLink
+from hicache_jax.transfer import TransferEngine
 from hicache_jax.transfer.engine import WARMUP_MAX_RUNS
 from hicache_jax.tree import (EvictResult, InsertResult, LoadCost, LoadJob, LockId, MatchResult, NodeId, Refusal,
                               Tier, TransferId, TreeCore, as_tokens)
 
-log = logging.getLogger("hicache_jax")
 _EMPTY = np.zeros((0,), np.int32)
-
-
-@dataclasses.dataclass
-class _Flight:
-    """The engine's side of a transfer the tree committed."""
-
-    plan: TransferPlan
-    handle: Handle
-    started: float
-    host_tokens: int = 0         # a load's prompt tokens served from the host, counted when it lands
 
 
 class HiCache:
     """A hierarchical KV cache for one model layout (see module docstring)."""
 
     def __init__(self, layout: PoolLayout, config: HiCacheConfig, mesh: jax.sharding.Mesh | None = None, *,
-                 engine: TransferEngine | None = None, clock: Callable[[], float] = time.monotonic):
+                 engine: TransferEngine | None = None, clock: Callable[[], float] = time.monotonic,
+                 storage: StorageBackend | None = None):
         if not isinstance(layout, PoolLayout):
             raise ValueError(f"HiCache takes a PoolLayout, got {type(layout).__name__}")
         if not isinstance(config, HiCacheConfig):
@@ -71,17 +63,22 @@ class HiCache:
         self.core = TreeCore(layout, device_pages=device, host_pages=host, write_policy=config.write_policy,
                              write_threshold=config.write_through_threshold,
                              load_back_threshold=config.load_back_threshold,
-                             load_cost=LoadCost(config.recompute_seconds_per_token, config.link_bytes_per_second))
+                             load_cost=LoadCost(config.recompute_seconds_per_token, config.link_bytes_per_second),
+                             prefetch_share=config.storage_prefetch_share)
         self.engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, max_staging_bytes=config.max_staging_bytes,
             host_memory_limit_bytes=config.host_memory_limit_bytes)
         self._pools = self.engine.init_device_pools()
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
-        self._flights: dict[TransferId, _Flight] = {}
-        self._clock = clock
         self.tally = Tally()
+        self._flights = Flights(layout, self.core, self.engine, self.tally, clock, config.transfer_timeout_s,
+                                on_acked=self._acked)
         self._requested_tokens = 0
-        self._failed_loads: set[int] = set()   # failed loads not yet reported by `wait`
+        self._storage = None
+        if storage is not None or config.storage is not None:
+            backend = storage if storage is not None else open_backend(config.storage, config.storage_call_timeout_s)
+            tp = mesh.shape.get("tp", 1) if mesh is not None else 1
+            self._storage = StorageLink(layout, config, self.core, self.engine, backend, tp)
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(StatsCollector(self.stats, lambda: self.tally.durations,
                                               tuple(p.name for p in layout.byte_pools)))
@@ -176,14 +173,24 @@ class HiCache:
             # the host copies it stopped at have landed: match again (the device part, and so
             # the hit tallies, cannot have changed: landing a backup moves no device page)
             m = self._checked(self.core.match_prefix(tokens))
+        fetched = (0, 0)              # pages just prefetched from storage: [first, end)
+        if load_back and self._storage is not None:
+            tid = self._storage.prefetch(tokens)
+            got = None if tid is None else self._storage.finish(tid, self.config.prefetch_wait_s(len(tokens)))
+            if got is not None and got[1] > got[0]:
+                fetched = got
+                m = self._checked(self.core.match_prefix(tokens))
         lock = self.lock(m.device_node)
         refused = None
         if load_back and m.host_len:
             lb = self._load_back(m, patient=True)
             if lb.started and self.wait(lb):
                 self.unlock(lock)
+                page = self.layout.page_size
+                from_storage = max(0, min(lb.total_len, fetched[1] * page) - fetched[0] * page)
+                self.tally.storage_hit_tokens += from_storage
                 return Prefix(lb.total_len, lb.device_pages, lb.swa_pages, lb.lock,
-                              m.device_len, lb.total_len - m.device_len)
+                              m.device_len, lb.total_len - m.device_len, storage_tokens=from_storage)
             if lb.started:
                 self.unlock(lb.lock)
             refused = lb.refused or Refusal.FAILED
@@ -201,9 +208,9 @@ class HiCache:
             return False
         tid = TransferId(Direction.LOAD, load.load_id)
         if tid in self._flights:
-            self._complete(tid, blocking=True)
-        if load.load_id in self._failed_loads:
-            self._failed_loads.discard(load.load_id)
+            self._flights.complete(tid, blocking=True)
+        if load.load_id in self._flights.failed_loads:
+            self._flights.failed_loads.discard(load.load_id)
             return False
         return True
 
@@ -242,9 +249,9 @@ class HiCache:
     def _land_backups(self) -> bool:
         """Dispatch queued backups and wait for all in flight; False when there were none."""
         self._dispatch_backups()
-        backups = [t for t in self._flights if t.direction is Direction.BACKUP]
+        backups = [t for t in self._flights.ids() if t.direction is Direction.BACKUP]
         for tid in backups:
-            self._complete(tid, blocking=True)
+            self._flights.complete(tid, blocking=True)
         return bool(backups)
 
     def free(self, allocator: str, pages) -> None:
@@ -311,18 +318,38 @@ class HiCache:
         """Dispatch the merged backups of this step and apply every completed transfer."""
         tokens = self._dispatch_backups()
         completed, failed = [], []
-        for tid in list(self._flights):
-            ok = self._complete(tid, blocking=False)
+        for tid in self._flights.ids():
+            ok = self._flights.complete(tid, blocking=False)
             if ok is not None:
                 (completed if ok else failed).append(str(tid))
+        for tid in self._storage.in_flight() if self._storage is not None else ():
+            if self._storage.finish(tid) is not None:
+                completed.append(str(tid))
         return self._checked(StepReport(tokens, tuple(completed), tuple(failed)))
 
     def drain(self) -> None:
         """Dispatch what is queued and wait for every transfer in flight."""
         self._dispatch_backups()
-        for tid in list(self._flights):
-            self._complete(tid, blocking=True)
+        for tid in self._flights.ids():
+            self._flights.complete(tid, blocking=True)
+        if self._storage is not None:
+            self._storage.drain()
         self._checked(None)
+
+    def save_snapshot(self, directory, overwrite: bool = False) -> int:
+        """Write the host tier's cached prefixes and the tree above them to `directory`
+        (orbax), for a planned restart; returns the nodes saved. Drains first."""
+        return cache_snapshot.save(self, directory, overwrite)
+
+    def restore_snapshot(self, directory) -> int:
+        """Bring a snapshot of a cache of the same layout (and `storage_model_id`) into this
+        one, which must be empty: its prefixes come back host-only. Returns the nodes restored."""
+        return self._checked(cache_snapshot.restore(self, directory))
+
+    def close(self) -> None:
+        """Stop the storage tier's I/O threads (the cache is not used afterwards)."""
+        if self._storage is not None:
+            self._storage.close()
 
     def _flush_demotions(self) -> None:
         if self.core.needs_flush:
@@ -335,55 +362,16 @@ class HiCache:
         return batch.tokens
 
     def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0) -> bool:
-        """Dispatch a transfer the tree has committed; if the engine raises, end it as failed."""
-        try:
-            self._pools, handle = self.engine.start(plan, self._pools)
-        except Exception:
-            log.exception("%s failed to start", tid)
-            self._fail(tid, FailureCause.START)
-            return False
-        self._flights[tid] = _Flight(plan, handle, self._clock(), host_tokens)
-        return True
-
-    def _fail(self, tid: TransferId, cause: FailureCause) -> None:
-        """The tree takes the transfer back (its nodes return to a consistent state); counted."""
-        (self.core.fail_backup if tid.direction is Direction.BACKUP else self.core.fail_load)(tid.number)
-        self.tally.failures[(tid.direction.value, cause.value)] += 1
-        if tid.direction is Direction.LOAD and cause is not FailureCause.START:   # `wait` reports it
-            self._failed_loads.add(tid.number)
-
-    def _complete(self, tid: TransferId, blocking: bool) -> bool | None:
-        """Apply `tid`'s completion if it has one: True done, False failed, None pending."""
-        flight = self._flights[tid]
-        cause = None
-        try:
-            if blocking:
-                flight.handle.wait()
-                done = True
-            else:
-                done = flight.handle.done()
-            if not done and self._clock() - flight.started > self.config.transfer_timeout_s:
-                cause = FailureCause.TIMEOUT
-        except Exception as e:
-            log.error("%s failed: %s", tid, e)
-            cause = FailureCause.COMPLETION
-        if cause is None and not done:
-            return None
-        del self._flights[tid]
-        if cause is not None:
-            self._fail(tid, cause)
-            return False
-        (self.core.ack_backup if tid.direction is Direction.BACKUP else self.core.finish_load)(tid.number)
-        self.tally.record(tid.direction, flight.plan, self.layout, flight.host_tokens,
-                          flight.handle.seconds if flight.handle.seconds is not None
-                          else self._clock() - flight.started)
-        return True
+        self._pools, started = self._flights.start(tid, plan, self._pools, host_tokens)
+        return started
 
     # -- introspection ------------------------------------------------------------------------
     def stats(self) -> CacheStats:
         """A frozen snapshot of every number this cache counts (the same as `metrics_text`)."""
+        in_flight = self._in_flight()
         return snapshot(self.layout, self.core, self.tally, self._requested_tokens,
-                        {d.value: sum(t.direction is d for t in self._flights) for d in Direction})
+                        {d.value: sum(t.direction is d for t in in_flight) for d in Direction},
+                        self._storage.stats() if self._storage is not None else None)
 
     def metrics_text(self) -> str:
         """The Prometheus text exposition of this cache's metrics."""
@@ -393,9 +381,17 @@ class HiCache:
         """Recompute every conservation law of the control plane; validate the device pools."""
         self.core.check_invariants()
         self.engine.check_device_pools(self._pools)
-        if self.core.in_flight() != set(self._flights):
+        here = self._in_flight()
+        if self.core.in_flight() != here:
             raise AssertionError(f"bug: transfers in flight disagree: tree {sorted(map(str, self.core.in_flight()))}, "
-                                 f"engine {sorted(map(str, self._flights))}")
+                                 f"engine and storage {sorted(map(str, here))}")
+
+    def _in_flight(self) -> set[TransferId]:
+        return self._flights.ids() | (self._storage.in_flight() if self._storage is not None else set())
+
+    def _acked(self, nodes) -> None:
+        if self._storage is not None:
+            self._storage.written(nodes)
 
     def _checked(self, value):
         if self.config.check_invariants:

@@ -209,6 +209,17 @@ class HiCacheConfig:
     max_staging_bytes: int = 512 << 20
     host_memory_limit_bytes: int = 64 << 30      # XLA's pinned host pool cap by default
     check_invariants: bool = False               # recompute every invariant after each call (tests)
+    # L3 storage (off unless `storage` names a store: file:///dir, gs://..., s3://..., mooncake://host:port)
+    storage: str | None = None
+    storage_write_policy: str = "write_through"  # put each host copy when it lands, or when the host evicts it
+    storage_prefetch_policy: str = "timeout"     # best_effort | wait_complete | timeout
+    storage_prefetch_timeout_s: float = 0.05     # timeout policy: wait base + per 1K prompt tokens, capped
+    storage_prefetch_timeout_per_1k_tokens_s: float = 0.01
+    storage_prefetch_timeout_max_s: float = 1.0
+    storage_prefetch_share: float = 0.5          # of each host allocator, at most this much reserved by prefetches
+    storage_model_id: str = ""                   # names the weights in every storage key
+    storage_call_timeout_s: float = 5.0          # the longest any storage call may block the serving loop
+    storage_retry_after_s: float = 10.0          # after a storage failure, serve from L1/L2 only this long
 
     def __post_init__(self):
         _check_count("device_pages", self.device_pages, minimum=1)
@@ -245,6 +256,34 @@ class HiCacheConfig:
         _check_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
         if not isinstance(self.check_invariants, bool):
             raise ValueError(f"{_FIELD}'check_invariants' must be a bool, got {self.check_invariants!r}")
+        self._check_storage()
+
+    def _check_storage(self) -> None:
+        if self.storage is not None and not (isinstance(self.storage, str) and "://" in self.storage):
+            raise ValueError(f"{_FIELD}'storage' must be a storage URL such as file:///dir or mooncake://host:port, "
+                             f"got {self.storage!r}")
+        for name, choices in (("storage_write_policy", STORAGE_WRITE_POLICIES),
+                              ("storage_prefetch_policy", PREFETCH_POLICIES)):
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in choices:
+                raise ValueError(f"{_FIELD}{name!r} must be one of {', '.join(choices)}; got {value!r}")
+        for name in ("storage_prefetch_timeout_s", "storage_prefetch_timeout_per_1k_tokens_s",
+                     "storage_prefetch_timeout_max_s", "storage_call_timeout_s", "storage_retry_after_s"):
+            validate.number(f"{_FIELD}{name!r}", getattr(self, name))
+        share = validate.number(f"{_FIELD}'storage_prefetch_share'", self.storage_prefetch_share)
+        if share > 1:
+            raise ValueError(f"{_FIELD}'storage_prefetch_share' must be in (0, 1], got {share!r}")
+        if not isinstance(self.storage_model_id, str):
+            raise ValueError(f"{_FIELD}'storage_model_id' must be a str, got {self.storage_model_id!r}")
+
+    def prefetch_wait_s(self, prompt_tokens: int) -> float | None:
+        """How long `acquire` waits for a prefetch of a prompt this long (None: until it ends)."""
+        if self.storage_prefetch_policy == "best_effort":
+            return 0.0
+        if self.storage_prefetch_policy == "wait_complete":
+            return None
+        return min(self.storage_prefetch_timeout_max_s,
+                   self.storage_prefetch_timeout_s + self.storage_prefetch_timeout_per_1k_tokens_s * prompt_tokens / 1000)
 
     def page_counts(self, layout) -> tuple[dict[str, int], dict[str, int]]:
         """(device pages, host pages) per allocator of `layout` (pure: no allocation)."""
@@ -270,6 +309,8 @@ class HiCacheConfig:
 
 
 _FIELD = "HiCacheConfig field "
+STORAGE_WRITE_POLICIES = ("write_through", "write_back")
+PREFETCH_POLICIES = ("best_effort", "wait_complete", "timeout")
 
 
 def _check_count(field: str, value, minimum: int = 0) -> None:

@@ -17,7 +17,8 @@ from collections.abc import Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from hicache_jax.plan import Direction, TransferPlan
-from hicache_jax.tree import DropReason, Refusal, Tier
+from hicache_jax.storage import StorageStats, metric_families
+from hicache_jax.tree import DropReason, PrefetchOutcome, Refusal, Tier
 
 # transfer duration buckets, seconds: 50 us .. 10 s
 DURATION_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
@@ -37,6 +38,7 @@ class Tally:
 
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
+    storage_hit_tokens: int = 0       # of the host hits, tokens just prefetched from storage
     backup_tokens: Counter = dataclasses.field(default_factory=Counter)   # pool -> tokens
     backup_bytes: Counter = dataclasses.field(default_factory=Counter)
     load_tokens: Counter = dataclasses.field(default_factory=Counter)
@@ -68,6 +70,7 @@ class CacheStats:
 
     device_hit_tokens: int
     host_hit_tokens: int
+    storage_hit_tokens: int                           # of the host hits, tokens just fetched from storage
     miss_tokens: int
     backup_tokens: Mapping[str, int]
     backup_bytes: Mapping[str, int]
@@ -84,6 +87,8 @@ class CacheStats:
     device_used_bytes: Mapping[str, int]
     device_capacity_bytes: Mapping[str, int]
     in_flight: Mapping[str, int]                      # direction -> transfers in flight
+    prefetches: Mapping[str, int]                     # prefetch outcome -> prefetches (storage -> host)
+    storage: StorageStats | None = None               # the storage tier's counters (None: no storage)
 
 
 class StatsCollector:
@@ -101,7 +106,9 @@ class StatsCollector:
         # every known label set is exported from the start (at 0), so a dashboard shows 0, not "no data"
         for cls, name, doc, label, values, known in (
             (C, "hicache_hit_tokens", "Prompt tokens served from the cache, by tier", "tier",
-             {"device": s.device_hit_tokens, "host": s.host_hit_tokens}, ()),
+             {"device": s.device_hit_tokens, "host": s.host_hit_tokens, "storage": s.storage_hit_tokens}, ()),
+            (C, "hicache_storage_prefetches", "Storage -> host prefetches, by outcome", "outcome", s.prefetches,
+             tuple(o.value for o in PrefetchOutcome)),
             (C, "hicache_backup_tokens", "Tokens backed up device->host, per pool", "pool", s.backup_tokens, pools),
             (C, "hicache_backup_bytes", "Bytes backed up device->host, per pool", "pool", s.backup_bytes, pools),
             (C, "hicache_load_back_tokens", "Tokens loaded back host->device, per pool", "pool", s.load_tokens, pools),
@@ -143,9 +150,12 @@ class StatsCollector:
                 buckets.append((bound, cumulative))
             hist.add_metric([direction], buckets, sum_value=counts[-1])
         yield hist
+        if s.storage is not None:
+            yield from metric_families(s.storage)
 
 
-def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mapping[str, int]) -> CacheStats:
+def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mapping[str, int],
+             storage: StorageStats | None = None) -> CacheStats:
     """Build a `CacheStats` from the controller's tally and the tree core's counters."""
     stats = core.stats
     dropped: dict[str, dict[str, int]] = {}
@@ -165,6 +175,7 @@ def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mappi
     return CacheStats(
         device_hit_tokens=tally.device_hit_tokens,
         host_hit_tokens=tally.host_hit_tokens,
+        storage_hit_tokens=tally.storage_hit_tokens,
         miss_tokens=max(0, requested_tokens - tally.device_hit_tokens - tally.host_hit_tokens),
         backup_tokens=dict(tally.backup_tokens), backup_bytes=dict(tally.backup_bytes),
         load_tokens=dict(tally.load_tokens), load_bytes=dict(tally.load_bytes),
@@ -177,4 +188,6 @@ def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mappi
         host_used_bytes=host_used, host_capacity_bytes=host_cap,
         device_used_bytes=dev_used, device_capacity_bytes=dev_cap,
         in_flight=dict(in_flight),
+        prefetches={o.value: v for o, v in stats.prefetches.items() if v},
+        storage=storage,
     )

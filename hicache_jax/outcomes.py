@@ -41,7 +41,8 @@ class Prefix:
 
     `length` tokens (page-aligned) whose anchor pages are `device_pages` and whose trailing
     window's SWA pages are `swa_pages`; `device_tokens` of them were already on device,
-    `host_tokens` were loaded back. `refused` says why a host hit was not loaded, if so.
+    `host_tokens` were loaded back, and of those `storage_tokens` had just been fetched
+    from the storage tier. `refused` says why a host hit was not loaded, if so.
     """
 
     length: int
@@ -51,6 +52,7 @@ class Prefix:
     device_tokens: int
     host_tokens: int
     refused: Refusal | None = None
+    storage_tokens: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

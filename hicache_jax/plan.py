@@ -25,8 +25,9 @@ from hicache_jax.layout import PoolLayout, PoolSpec
 
 
 class Direction(enum.StrEnum):
-    BACKUP = "backup"  # device -> host
-    LOAD = "load"      # host -> device
+    BACKUP = "backup"      # device -> host
+    LOAD = "load"          # host -> device
+    PREFETCH = "prefetch"  # storage -> host (L3 -> L2; no TransferPlan: the storage tier moves it)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -145,26 +145,42 @@ class TransferEngine:
                             *self._staged(progs, pages, groups, True), *self._staged(progs, pages, groups, False)):
                     todo[(progs.fmt.allocator, key)] = progs
                 pages *= 2
-            for key in (("read_row",), ("write_row",)):
+            for key in (("read_rows", 0), ("write_rows", 0)):
                 todo[(progs.fmt.allocator, key)] = progs
         for (_, key), progs in todo.items():
             progs.compiled(*key)
         return sum(len(p.jaxprs) for p in self._programs.values())
 
-    # -- host tier access (tests, debugging) --------------------------------------------------
+    # -- host tier access (L3 storage, tests) ----------------------------------------------------
+    def read_host_rows(self, allocator: str, host_pages) -> np.ndarray:
+        """A copy of host rows `host_pages` of `allocator`: `[n, row_elems]` in the packed row
+        format (`self.host.formats[allocator]`, all ranks). Blocks."""
+        progs, pages = self._allocator(allocator), self._host_pages(allocator, host_pages)
+        out = np.empty((pages.size, progs.fmt.row_elems), progs.dtype)
+        for offset, start, log2 in _pieces(pages):
+            rows = progs.compiled("read_rows", log2)(self.host.buffers[allocator], np.array([start], np.int32))
+            out[offset:offset + (1 << log2)] = np.asarray(rows)
+        return out
+
+    def write_host_rows(self, allocator: str, host_pages, rows: np.ndarray) -> None:
+        """Overwrite host rows `host_pages` of `allocator` with `rows` (`[n, row_elems]`, packed)."""
+        progs, pages = self._allocator(allocator), self._host_pages(allocator, host_pages)
+        rows = np.asarray(rows)
+        if rows.shape != (pages.size, progs.fmt.row_elems) or rows.dtype != progs.dtype:
+            raise ValueError(f"rows for {pages.size} host pages of {allocator!r} must be "
+                             f"{progs.dtype}[{pages.size}, {progs.fmt.row_elems}], got {rows.dtype}{list(rows.shape)}")
+        for offset, start, log2 in _pieces(pages):
+            block = jax.device_put(rows[offset:offset + (1 << log2)], progs.staging_sharding)
+            self.host.buffers[allocator] = progs.compiled("write_rows", log2)(
+                self.host.buffers[allocator], block, np.array([start], np.int32))
+
     def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
         """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""
-        progs = self._allocator(allocator)
-        page = self._host_page(allocator, host_page)
-        row = progs.compiled("read_row")(self.host.buffers[allocator], page)
-        return progs.fmt.decode(np.asarray(row)[0])
+        return self._allocator(allocator).fmt.decode(self.read_host_rows(allocator, [host_page])[0])
 
     def write_host_page(self, allocator: str, host_page: int, pages: Mapping[str, np.ndarray]) -> None:
         """Overwrite one host page with `{pool: [num_layers, *page_shape]}` (whole pages)."""
-        progs = self._allocator(allocator)
-        page = self._host_page(allocator, host_page)
-        row = jax.device_put(progs.fmt.encode(pages)[None], progs.staging_sharding)
-        self.host.buffers[allocator] = progs.compiled("write_row")(self.host.buffers[allocator], row, page)
+        self.write_host_rows(allocator, [host_page], self._allocator(allocator).fmt.encode(pages)[None])
 
     # -- introspection ------------------------------------------------------------------------
     def chunk_pages(self, allocator: str) -> int:
@@ -256,11 +272,31 @@ class TransferEngine:
             raise ValueError(f"allocator {allocator!r} has no host pool here (allocators with bytes: {sorted(self._programs)})")
         return self._programs[allocator]
 
-    def _host_page(self, allocator: str, host_page: int) -> np.ndarray:
-        pages = self.host.pages[allocator]
-        if not isinstance(host_page, (int, np.integer)) or isinstance(host_page, bool) or not 0 <= host_page < pages:
-            raise ValueError(f"host page {host_page!r} of {allocator!r} outside 0..{pages - 1}")
-        return np.array([host_page], np.int32)
+    def _host_pages(self, allocator: str, host_pages) -> np.ndarray:
+        pages = np.asarray(host_pages)
+        limit = self.host.pages[allocator]
+        if (pages.ndim != 1 or not (np.issubdtype(pages.dtype, np.integer) or pages.size == 0)
+                or pages.dtype == np.bool_ or (pages.size and (pages.min() < 0 or pages.max() >= limit))):
+            raise ValueError(f"host pages {np.asarray(host_pages).tolist()!r} of {allocator!r}: integers outside "
+                             f"0..{limit - 1}")
+        return pages.astype(np.int64)
+
+
+def _pieces(pages: np.ndarray) -> list[tuple[int, int, int]]:
+    """(offset in `pages`, first host page, log2 length) of the runs of consecutive pages,
+    each cut into power-of-two pieces, largest first (programs come in log2 shapes)."""
+    out, i = [], 0
+    while i < pages.size:
+        j = i + 1
+        while j < pages.size and pages[j] == pages[j - 1] + 1:
+            j += 1
+        offset = i
+        while offset < j:
+            log2 = (j - offset).bit_length() - 1
+            out.append((offset, int(pages[offset]), log2))
+            offset += 1 << log2
+        i = j
+    return out
 
 
 def _where(part: chunking.Chunk, host_start: int) -> np.ndarray:

@@ -191,12 +191,15 @@ class AllocatorPrograms:
         args = (self._staging_spec(), self._host_buffer(), self._index(count), self._index(count))
         return h2d, args, (0,), self.staging_sharding
 
-    def _read_row(self):
-        def read_row(host, page):
-            return jax.device_put(jax.lax.dynamic_slice_in_dim(host, page[0], 1, 0), _DEVICE)
-        return read_row, (self._host_buffer(), self._index(1)), (), self.staging_sharding
+    def _read_rows(self, log2_rows: int):
+        """2**log2_rows host rows from `start[0]`, moved to the device (to read them back)."""
+        def read_rows(host, start):
+            return jax.device_put(jax.lax.dynamic_slice_in_dim(host, start[0], 1 << log2_rows, 0), _DEVICE)
+        return read_rows, (self._host_buffer(), self._index(1)), (), self.staging_sharding
 
-    def _write_row(self):
-        def write_row(host, row, page):
-            return jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(row, _HOST), page[0], 0)
-        return write_row, (self._host_buffer(), self._staging_spec(1), self._index(1)), (0,), self.host_sharding
+    def _write_rows(self, log2_rows: int):
+        """Overwrite 2**log2_rows host rows from `start[0]` with rows given on the device."""
+        def write_rows(host, rows, start):
+            return jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(rows, _HOST), start[0], 0)
+        args = (self._host_buffer(), self._staging_spec(1 << log2_rows), self._index(1))
+        return write_rows, args, (0,), self.host_sharding

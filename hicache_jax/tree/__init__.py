@@ -5,10 +5,12 @@ from hicache_jax.tree.loads import LoadCost
 from hicache_jax.tree.match import MatchResult, as_tokens
 from hicache_jax.tree.node import NodeId
 from hicache_jax.tree.policy import WritePolicy, WritePolicyName
-from hicache_jax.tree.results import (AckId, BackupBatch, DropReason, EvictResult, InsertResult, LoadId, LoadJob,
-                                      LockId, Refusal, TransferId, TreeStats)
+from hicache_jax.tree.results import (AckId, BackupBatch, DropReason, EvictResult, HostCopy, InsertResult, LoadId,
+                                      LoadJob, LockId, PrefetchId, PrefetchJob, PrefetchOutcome, Refusal, TransferId,
+                                      TreeStats)
 from hicache_jax.tree.state import Residency, Tier, TreeStateError
 
-__all__ = ["AckId", "BackupBatch", "Component", "Components", "DropReason", "EvictResult", "InsertResult", "LoadCost",
-           "LoadId", "LoadJob", "LockId", "MatchResult", "NodeId", "Refusal", "Residency", "Tier", "TransferId",
-           "TreeCore", "TreeStateError", "TreeStats", "WritePolicy", "WritePolicyName", "as_tokens"]
+__all__ = ["AckId", "BackupBatch", "Component", "Components", "DropReason", "EvictResult", "HostCopy", "InsertResult",
+           "LoadCost", "LoadId", "LoadJob", "LockId", "MatchResult", "NodeId", "PrefetchId", "PrefetchJob",
+           "PrefetchOutcome", "Refusal", "Residency", "Tier", "TransferId", "TreeCore", "TreeStateError", "TreeStats",
+           "WritePolicy", "WritePolicyName", "as_tokens"]

@@ -17,7 +17,7 @@ import numpy as np
 
 from hicache_jax.plan import Direction
 from hicache_jax.tree.node import Node
-from hicache_jax.tree.results import AckId, LoadId, LockId, TransferId
+from hicache_jax.tree.results import AckId, LoadId, LockId, PrefetchId, TransferId
 from hicache_jax.tree.state import WRITE_PENDING, Residency, Tier, TreeStateError
 
 
@@ -49,6 +49,16 @@ class LoadRecord:
     drop_host: set[Node] = dataclasses.field(default_factory=set)   # closure repair when it ends
 
 
+@dataclasses.dataclass
+class PrefetchRecord:
+    lock: LockId                     # pins the node it will extend
+    tokens: np.ndarray               # the prompt's whole pages
+    start: int                       # first page fetched
+    pages: int                       # pages asked for
+    reserved: dict[str, np.ndarray]  # allocator -> host pages reserved (in fetch order)
+    logical: dict[str, np.ndarray]   # allocator -> the logical page each reserved page receives
+
+
 class TransferBook:
     def __init__(self):
         self._open = AckId(1)
@@ -56,6 +66,8 @@ class TransferBook:
         self._queue: dict[Node, Copy] = {}
         self._loads: dict[LoadId, LoadRecord] = {}
         self._next_load = 1
+        self._prefetches: dict[PrefetchId, PrefetchRecord] = {}
+        self._next_prefetch = 1
 
     # -- writes ----------------------------------------------------------------------------
     def queue_write(self, node: Node, copy: Copy, lock: LockId | None) -> None:
@@ -137,10 +149,28 @@ class TransferBook:
     def loads_in_flight(self) -> list[LoadId]:
         return sorted(self._loads)
 
+    # -- prefetches (storage -> host) ---------------------------------------------------------
+    def start_prefetch(self, record: PrefetchRecord) -> PrefetchId:
+        pid = PrefetchId(self._next_prefetch)
+        self._next_prefetch += 1
+        self._prefetches[pid] = record
+        return pid
+
+    def end_prefetch(self, pid: PrefetchId) -> PrefetchRecord:
+        try:
+            return self._prefetches.pop(pid)
+        except KeyError:
+            raise ValueError(f"no prefetch in flight with id {pid} (in flight: {sorted(self._prefetches)})") from None
+
+    def reserved(self, allocator: str) -> int:
+        """Host pages of `allocator` reserved by prefetches in flight."""
+        return sum(r.reserved[allocator].size for r in self._prefetches.values() if allocator in r.reserved)
+
     # -- everything ------------------------------------------------------------------------
     def in_flight(self) -> set[TransferId]:
         return ({TransferId(Direction.BACKUP, a) for a in self.pending_acks()}
-                | {TransferId(Direction.LOAD, i) for i in self._loads})
+                | {TransferId(Direction.LOAD, i) for i in self._loads}
+                | {TransferId(Direction.PREFETCH, i) for i in self._prefetches})
 
     def on_split(self, head: Node, node: Node, k: int) -> None:
         """`node` was split after `k` pages: the head joins its transfers and takes its share of a queued copy."""
@@ -153,10 +183,15 @@ class TransferBook:
             self._loads[head.load_id].nodes.add(head)
 
     def retired(self) -> dict[tuple[Tier, str], list[int]]:
+        """Host pages no node holds but a transfer in flight does: retired by writes, reserved
+        by prefetches."""
         out: dict[tuple[Tier, str], list[int]] = {}
         for record in self._writes.values():
             for allocator, pages in record.retired.items():
                 out.setdefault((Tier.HOST, allocator), []).extend(pages)
+        for record in self._prefetches.values():
+            for allocator, pages in record.reserved.items():
+                out.setdefault((Tier.HOST, allocator), []).extend(pages.tolist())
         return out
 
     def check(self, nodes: list[Node]) -> None:

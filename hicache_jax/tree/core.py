@@ -35,14 +35,15 @@ from hicache_jax.tree.ledger import PageLedger
 from hicache_jax.tree.loads import LoadCost, ReadPath
 from hicache_jax.tree.locks import LockTable
 from hicache_jax.tree.lru import LogicalClock
-from hicache_jax.tree.match import MatchResult
+from hicache_jax.tree.match import MatchResult, as_tokens
 from hicache_jax.tree.matcher import Matcher
 from hicache_jax.tree.node import Node, NodeId
 from hicache_jax.tree.policy import WritePolicy
+from hicache_jax.tree.prefetch import HostFill
 from hicache_jax.tree.prune import Pruner
 from hicache_jax.tree.radix import RadixTree
-from hicache_jax.tree.results import (AckId, BackupBatch, EvictResult, InsertResult, LoadId, LoadJob, LockId, Refusal,
-                                      TransferId, TreeStats)
+from hicache_jax.tree.results import (AckId, BackupBatch, EvictResult, HostCopy, InsertResult, LoadId, LoadJob, LockId,
+                                      PrefetchId, PrefetchJob, PrefetchOutcome, Refusal, TransferId, TreeStats)
 from hicache_jax.tree.state import HOLDS_DEVICE, Tier
 from hicache_jax.tree.writes import WritePath
 
@@ -52,7 +53,7 @@ class TreeCore:
 
     def __init__(self, layout: PoolLayout, *, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  write_policy: str = "write_through", write_threshold: int | None = None,
-                 load_back_threshold: int = 10, load_cost: LoadCost = LoadCost()):
+                 load_back_threshold: int = 10, load_cost: LoadCost = LoadCost(), prefetch_share: float = 0.5):
         self.layout = layout
         self.components = comps = Components.from_layout(layout)
         self.policy = WritePolicy.create(write_policy, write_threshold)
@@ -74,6 +75,8 @@ class TreeCore:
         self._inserter = Inserter(comps, tree, ledger, cands, self._writes, clock)
         self._reads = ReadPath(layout, comps, tree, ledger, book, locks, cands, pruner, self._matcher, clock, stats,
                                self._take_device, load_back_threshold, load_cost)
+        self._fill = HostFill(comps, self.policy, tree, ledger, book, locks, cands, self._host_eviction, clock, stats,
+                              prefetch_share)
 
     @property
     def anchor(self) -> str:
@@ -164,8 +167,9 @@ class TreeCore:
     def take_backup_batch(self) -> BackupBatch | None:
         return self._writes.take_backup_batch()
 
-    def ack_backup(self, ack_id: AckId) -> None:
-        self._writes.ack_backup(ack_id)
+    def ack_backup(self, ack_id: AckId) -> list[NodeId]:
+        """Batch `ack_id`'s host copies are durable; returns the nodes it wrote."""
+        return [n.id for n in self._writes.ack_backup(ack_id)]
 
     def fail_backup(self, ack_id: AckId) -> None:
         self._writes.fail_backup(ack_id)
@@ -179,6 +183,47 @@ class TreeCore:
 
     def fail_load(self, load_id: LoadId) -> None:
         self._reads.fail_load(load_id)
+
+    # -- the tier below the host (see prefetch.py) -------------------------------------------
+    def coverage(self, tokens) -> int:
+        """Leading whole pages of `tokens` the tree holds in any state: where a prefetch starts."""
+        return self._fill.coverage(tokens)
+
+    def start_prefetch(self, tokens, start: int, pages: int) -> PrefetchJob | PrefetchOutcome:
+        return self._fill.start_prefetch(tokens, start, pages)
+
+    def finish_prefetch(self, prefetch_id: PrefetchId, served: int) -> tuple[int, int]:
+        return self._fill.finish_prefetch(prefetch_id, served)
+
+    def attach_host(self, tokens, start: int, host_pages: Mapping[str, np.ndarray],
+                    logical_pages: Mapping[str, np.ndarray]) -> tuple[int, int]:
+        """Give host pages already holding `tokens`' pages from `start` on to the tree (see
+        `HostFill.attach`); every page it does not attach is freed."""
+        return self._fill.attach(as_tokens(tokens), start, dict(host_pages), dict(logical_pages))
+
+    def take_host(self, need: Mapping[str, int]) -> dict[str, np.ndarray] | None:
+        """Free host pages (evicting host leaves if short), for `attach_host`; None when there is no room."""
+        return self.ledger.take(Tier.HOST, checked_need(self.components, need), reclaim=self._host_eviction.evict)
+
+    def host_copy(self, node_id: NodeId) -> HostCopy | None:
+        """The node's durable host copy, for the storage tier (None when it has none)."""
+        node = self.tree.get(int(node_id))
+        return None if node is None else self._fill.host_copy(node)
+
+    def on_host_evict(self, hook) -> None:
+        """`hook(HostCopy)` runs for every node the host tier evicts, before its pages are freed."""
+        self._host_eviction.before_evict.append(lambda node: hook(self._fill.host_copy(node)))
+
+    def host_copies(self) -> list[NodeId]:
+        """Every node with a durable host copy reachable through host copies from the root,
+        parents first (what a snapshot of the host tier keeps)."""
+        out, stack = [], list(self.tree.root.children.values())
+        while stack:
+            n = stack.pop()
+            if self._fill.host_copy(n) is not None:
+                out.append(n.id)
+                stack.extend(n.children.values())
+        return out
 
     def in_flight(self) -> set[TransferId]:
         """Every committed transfer not yet acknowledged or failed."""

@@ -12,12 +12,13 @@ and with them every kv-sidecar row, window pages and with them their state rows)
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from hicache_jax import validate
 from hicache_jax.tree.candidates import EvictionCandidates
 from hicache_jax.tree.components import Components
 from hicache_jax.tree.ledger import PageLedger
+from hicache_jax.tree.node import Node
 from hicache_jax.tree.policy import WritePolicy
 from hicache_jax.tree.prune import Pruner
 from hicache_jax.tree.results import EvictResult, TreeStats
@@ -37,6 +38,7 @@ class HostEviction:
                  stats: TreeStats):
         self._components, self._ledger, self._candidates = components, ledger, candidates
         self._pruner, self._stats = pruner, stats
+        self.before_evict: list[Callable[[Node], None]] = []   # told of each node before its pages go
 
     def evict(self, need: Mapping[str, int]) -> int:
         """Free at least `need[allocator]` host pages of each allocator, least recently used
@@ -53,6 +55,8 @@ class HostEviction:
                 if c.name in freed:
                     freed[c.name] += node.present(Tier.HOST, c.index)
             self._stats.evicted[Tier.HOST] += len(node.tokens)
+            for hook in self.before_evict:
+                hook(node)
             self._ledger.drop(node, Tier.HOST)
             node.apply(Event.EVICT_HOST)
             self._pruner.unlink(node)

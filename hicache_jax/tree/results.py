@@ -14,6 +14,7 @@ from hicache_jax.tree.state import Tier
 
 AckId = NewType("AckId", int)     # one merged backup transfer
 LoadId = NewType("LoadId", int)   # one load-back
+PrefetchId = NewType("PrefetchId", int)   # one storage -> host prefetch
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,6 +49,18 @@ class Refusal(enum.StrEnum):
     FAILED = "failed"                    # the transfer raised at start
 
 
+class PrefetchOutcome(enum.StrEnum):
+    """How a storage -> host prefetch ended (or why it did not start)."""
+
+    LANDED = "landed"                    # every page fetched and attached to the tree
+    PARTIAL = "partial"                  # fewer pages than asked arrived; the usable part was attached
+    USELESS = "useless"                  # nothing usable arrived, or the tree already had it
+    FAILED = "failed"                    # the read failed (counted by the storage tier too)
+    NO_HOST_SPACE = "no_host_space"      # refused: the host tier (or the prefetch share of it) is full
+    UNBACKED_PREFIX = "unbacked_prefix"  # refused: the prefix it extends has no host copy (write-through)
+    STALE = "stale"                      # refused: the tree changed since the lookup
+
+
 @dataclasses.dataclass(frozen=True)
 class LockId:
     value: int
@@ -61,6 +74,7 @@ class TreeStats:
     evicted: Counter = dataclasses.field(default_factory=Counter)    # Tier -> anchor tokens evicted from it
     refusals: Counter = dataclasses.field(default_factory=Counter)   # Refusal -> load-backs not started
     tombstoned: Counter = dataclasses.field(default_factory=Counter)  # window allocator -> device pages freed
+    prefetches: Counter = dataclasses.field(default_factory=Counter)  # PrefetchOutcome -> prefetches
     loads_started: int = 0
     loads_failed: int = 0
     backups_failed: int = 0
@@ -123,3 +137,32 @@ class EvictResult:
     device_pages: int    # anchor device pages freed
     swa_pages: int       # window-allocator device pages freed (all window allocators)
     dropped_tokens: int  # device tokens destroyed without a host copy (by this call)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class PrefetchJob:
+    """A started prefetch: fetch the prompt's pages `start .. start + pages` from storage
+    into the reserved host pages, per allocator, in order: `host_pages[a][i]` receives
+    logical page `logical_pages[a][i]` (the anchor: every page; a window allocator: the
+    trailing window of the stop `start + pages`). End it with `finish_prefetch`."""
+
+    prefetch_id: PrefetchId
+    start: int
+    pages: int
+    host_pages: dict[str, np.ndarray]
+    logical_pages: dict[str, np.ndarray]
+
+    @property
+    def transfer(self) -> TransferId:
+        return TransferId(Direction.PREFETCH, self.prefetch_id)
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class HostCopy:
+    """A node's durable host copy, as the storage tier needs it: `tokens` from the root to
+    the node's end (whole pages), and per allocator the logical pages of the node it holds
+    and their host pages."""
+
+    tokens: np.ndarray
+    logical_pages: dict[str, np.ndarray]
+    host_pages: dict[str, np.ndarray]

@@ -101,12 +101,13 @@ class WritePath:
         return BackupBatch(ack, make_plan(self._layout, Direction.BACKUP, pages), full * self._layout.page_size)
 
     # -- completion --------------------------------------------------------------------------
-    def ack_backup(self, ack: AckId) -> None:
-        """The host copy of batch `ack` is durable."""
+    def ack_backup(self, ack: AckId) -> list[Node]:
+        """The host copy of batch `ack` is durable; returns the nodes whose copy it wrote."""
         record = self._book.end_write(ack)
         for node in record.nodes:
             node.apply(Event.ACK)
         self._end(record)
+        return [n for n in record.nodes if n.state is not Residency.GONE]
 
     def fail_backup(self, ack: AckId) -> None:
         """Batch `ack` raised: its host pages are freed; write-back nodes already demoted

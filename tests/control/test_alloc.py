@@ -1,5 +1,4 @@
 """Page allocators, the anchor's slot view, pools without allocators, atomic resolve."""
-import numpy as np
 import pytest
 
 from hicache_jax.alloc import PageAllocator, TierAllocators
