@@ -27,3 +27,12 @@ def test_bench_decode_smoke(tmp_path):
     result = run("bench_decode.py", tmp_path, "--configs", "tiny_v4")
     assert all(r["identical"] for r in result["runs"])
     assert result["runs"][0]["host_hit_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_bench_kernels_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--smoke", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    rows = json.loads((tmp_path / "kernels.json").read_text())["rows"]
+    assert {k.split("/")[-1] for k in rows} == {"mosaic_gpu", "triton", "xla"}
+    assert all(r.get("exact") for r in rows.values()), rows
