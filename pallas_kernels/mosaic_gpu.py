@@ -80,20 +80,12 @@ def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: j
     shape = (n if into is None else into.shape[0], layout.row_elems)
     plan_ = plan(layout, jnp.dtype(dtype).itemsize, n, interpret, **knobs)
 
-    def read(i, j, seg, k, size, srcs, idx_ref):     # GMEM source of item (i, j), j in segment k
-        layer, off = seg.locate(j - seg.first_block, jnp.where)
-        page = jnp.maximum(idx_ref[i], 0)
-        return srcs[k].at[layer, page, pl.ds(off, size)]
-
-    def write(i, j, seg, k, size, out):               # GMEM destination of item (i, j)
-        layer, off = seg.locate(j - seg.first_block, jnp.where)
-        return out.at[i, pl.ds(seg.row_offset + layer * seg.page_elems + off, size)]
-
     def body(idx_ref, *refs):
         srcs, out, buf, bars = refs[:len(flat)], refs[len(flat)], refs[-2], refs[-1]
+        page = lambda i: jnp.maximum(idx_ref[i], 0)  # PAD reads page 0
         _ring(layout, n, plan_, buf, bars,
-              lambda i, j, seg, k, size: read(i, j, seg, k, size, srcs, idx_ref),
-              lambda i, j, seg, k, size: write(i, j, seg, k, size, out), lambda i: None)
+              lambda i, j, seg, k, size: _page_block(srcs[k], page(i), j, seg, size),
+              lambda i, j, seg, k, size: _row_block(out, i, j, seg, size), lambda i: None)
 
     if into is None:
         return _call(body, plan_, dtype, jax.ShapeDtypeStruct(shape, dtype), interpret)(indices, *flat)
@@ -116,23 +108,28 @@ def scatter(layout: RowLayout, flat: list[jax.Array], staging: jax.Array, indice
         knobs.setdefault("lag", 0)
     plan_ = plan(layout, jnp.dtype(dtype).itemsize, n, interpret, **knobs)
 
-    def read(i, j, seg, k, size, rows):
-        layer, off = seg.locate(j - seg.first_block, jnp.where)
-        return rows.at[i, pl.ds(seg.row_offset + layer * seg.page_elems + off, size)]
-
-    def write(i, j, seg, k, size, dsts, idx_ref):
-        layer, off = seg.locate(j - seg.first_block, jnp.where)
-        return dsts[k].at[layer, jnp.maximum(idx_ref[i], 0), pl.ds(off, size)]
-
     def body(idx_ref, rows, *refs):
         dsts, buf, bars = refs[:len(flat)], refs[-2], refs[-1]
+        page = lambda i: jnp.maximum(idx_ref[i], 0)  # a PAD row is never stored
         _ring(layout, n, plan_, buf, bars,
-              lambda i, j, seg, k, size: read(i, j, seg, k, size, rows),
-              lambda i, j, seg, k, size: write(i, j, seg, k, size, dsts, idx_ref), lambda i: idx_ref[i] != PAD)
+              lambda i, j, seg, k, size: _row_block(rows, i, j, seg, size),
+              lambda i, j, seg, k, size: _page_block(dsts[k], page(i), j, seg, size), lambda i: idx_ref[i] != PAD)
 
     pools = [jax.new_ref(f) for f in flat]
     _call(body, plan_, dtype, (), interpret)(indices, staging, *pools)
     return tuple(jax.freeze(p) for p in pools)
+
+
+def _page_block(pool, page, j, seg, size):
+    """Block j of the row (in segment `seg`) inside page `page` of its pool `[L, P, E]`."""
+    layer, off = seg.locate(j - seg.first_block, jnp.where)
+    return pool.at[layer, page, pl.ds(off, size)]
+
+
+def _row_block(rows, i, j, seg, size):
+    """Block j of row i of a staging array `[C, row_elems]`."""
+    layer, off = seg.locate(j - seg.first_block, jnp.where)
+    return rows.at[i, pl.ds(seg.row_offset + layer * seg.page_elems + off, size)]
 
 
 def _call(body, plan_: Plan, dtype, out_type, interpret: bool):
