@@ -2,9 +2,34 @@
 # Set up hicache-jax in ./.venv and run the main example.
 #   ./setup.sh            set up, then run the main example
 #   ./setup.sh --no-run   set up only
+#   --cpu | --cuda12 | --cuda13 | --tpu   which jax build to install (default: detected, see below)
 # Finds a Python >= 3.12 by itself: python3.13/python3.12/python3 on PATH, then pyenv.
+# jax build: with an NVIDIA driver (nvidia-smi), the CUDA build its CUDA version supports
+# (13.x: cuda13, 12.x: cuda12); otherwise the CPU build. It prints what it chose.
 set -euo pipefail
 cd "$(dirname "$0")"
+
+RUN=1 BUILD=""
+for arg in "$@"; do
+  case "$arg" in
+    --no-run) RUN=0 ;;
+    --cpu|--cuda12|--cuda13|--tpu) BUILD="${arg#--}" ;;
+    *) echo "setup.sh: unknown option $arg (--no-run, --cpu, --cuda12, --cuda13, --tpu)" >&2; exit 2 ;;
+  esac
+done
+
+detect_build() {
+  if ! command -v nvidia-smi >/dev/null || ! nvidia-smi >/dev/null 2>&1; then
+    echo "cpu no NVIDIA GPU found (nvidia-smi)"; return
+  fi
+  local cuda gpu
+  cuda="$(nvidia-smi | grep -o 'CUDA Version: [0-9]*' | grep -o '[0-9]*$' || true)"
+  gpu="$(nvidia-smi --query-gpu=name --format=csv,noheader | head -n 1)"
+  if [ -n "$cuda" ] && [ "$cuda" -ge 13 ]; then echo "cuda13 $gpu, driver supports CUDA $cuda"
+  elif [ -n "$cuda" ] && [ "$cuda" -eq 12 ]; then echo "cuda12 $gpu, driver supports CUDA $cuda"
+  else echo "cpu $gpu, but its driver supports CUDA ${cuda:-?} (jax needs 12 or 13): update the driver"
+  fi
+}
 
 ok() { "$1" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 12) else 1)' 2>/dev/null; }
 
@@ -37,11 +62,22 @@ if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
     echo "setup.sh: libibverbs.so.1 is missing (Debian: apt-get install libibverbs1): Mooncake storage is off and its tests skip" >&2
   fi
 fi
+if [ -z "$BUILD" ]; then
+  read -r BUILD WHY <<<"$(detect_build)"
+else
+  WHY="asked for"
+fi
+EXTRAS="test,bench,storage,mooncake"
+if [ "$BUILD" != cpu ]; then EXTRAS="$EXTRAS,$BUILD"; fi
+echo "setup.sh: installing the $BUILD build of jax ($WHY): .[$EXTRAS]"
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test,bench,storage,mooncake]'
+.venv/bin/python -m pip install -q -e ".[$EXTRAS]"
 .venv/bin/python -c 'import jax, hicache_jax; print("setup.sh: jax", jax.__version__, "on", jax.devices()[0].platform)'
+if [ "$BUILD" != cpu ] && [ "$(.venv/bin/python -c 'import jax; print(jax.default_backend())')" = cpu ]; then
+  echo "setup.sh: warning: installed the $BUILD build, but jax runs on the CPU" >&2
+fi
 
-if [ "${1:-}" != "--no-run" ]; then
+if [ "$RUN" = 1 ]; then
   # the main example: tiny DeepSeek V4 served through the cache, checked against recompute
   .venv/bin/python examples/decode.py --config configs/tiny_v4.json
 fi

@@ -7,8 +7,7 @@ Every transfer moves random, non-contiguous device pages (backup) and loads them
 other random device pages, checked bit-exact on the device. Beside each engine number, in
 the same run: a contiguous `jax.device_put` of the same bytes to/from pinned host, and a
 list `device_put` of one array per page (sglang-jax's host pool design). Also measured:
-the Pallas kernels against XLA (layer-axis pools vs one array per layer, block sizes),
-a one-page transfer of all pools, fragmented host runs, in-place checks, and the HLO
+the kernels against their references (their speed: bench_kernels.py), a one-page transfer of all pools, fragmented host runs, in-place checks, and the HLO
 opcodes that touch host memory. Writes `transfer.json` (+ `transfer.png`) to DIR and
 prints a table.
 """
@@ -36,7 +35,7 @@ from hicache_jax.plan import make_plan  # noqa: E402
 from hicache_jax.transfer import TransferEngine, hlo_host_ops  # noqa: E402
 from hicache_jax.transfer.host_check import HLO_HOST_OK  # noqa: E402
 from transfer_common import Bench, Contiguous, gbps, median_s, per_page, random_pools, run_pair  # noqa: E402
-from transfer_kernels import kernel_correctness, kernel_section  # noqa: E402
+from transfer_kernels import kernel_correctness  # noqa: E402
 
 REAL_GQA = {"name": "gqa-32x8x128", "model_type": "gqa", "num_hidden_layers": 32, "num_key_value_heads": 8,
             "head_dim": 128, "page_size": 256, "kv_dtype": "bfloat16"}
@@ -242,24 +241,25 @@ def dump_hlo(bench: Bench, engine):
                 f.write(compiled.as_text())
 
 
-def cap_section(bench: Bench, cfg_path: str, caps, n_list, kv_max: int):
-    """The staging cap (chunk size) against backup/load GB/s of long single-run transfers."""
+def kv_engines_section(bench: Bench, cfg_path: str, key: str, engines, n_list, kv_max: int):
+    """Backup / load GB/s of long single-run kv transfers through engines built otherwise:
+    `engines` = [(label, TransferEngine keyword arguments)] (staging caps, kernels)."""
     layout = hc.build_layout(hc.load_model_config(cfg_path))
     dev_total, host_total = {"kv": 2 * kv_max, "swa": 2}, {"kv": kv_max + 64, "swa": 2}
     out = {}
     pools = None
-    for cap in caps:
-        engine = TransferEngine(layout, dev_total, host_total, max_staging_bytes=cap, block_bytes=bench.block_bytes,
-                                kernels=bench.kernels)
+    for label, kw in engines:
+        kw = {"block_bytes": bench.block_bytes, "kernels": bench.kernels, **kw}
+        engine = TransferEngine(layout, dev_total, host_total, **kw)
         if pools is None:
             pools = random_pools(engine, 9)
         rng = np.random.default_rng(4)
         for n in n_list:
             pools, r = paired(bench, engine, pools, layout, {"kv": n}, rng, dev_total, host_total)
-            out[f"cap{cap >> 20}MiB/n{n}"] = {"chunk_pages": engine.chunk_pages("kv"), **gbps(r)}
-            print("cap", f"{cap >> 20} MiB n={n}", out[f"cap{cap >> 20}MiB/n{n}"], flush=True)
+            out[f"{label}/n{n}"] = {"chunk_pages": engine.chunk_pages("kv"), "kernels": engine.kernels, **gbps(r)}
+            print(key, f"{label} n={n}", out[f"{label}/n{n}"], flush=True)
         del engine
-    bench.results["v4_kv_caps"] = out
+    bench.results[key] = out
 
 
 def hlo_report(bench: Bench, engine: TransferEngine, name: str):
@@ -323,8 +323,10 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder for JSON and PNG")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sections after this many seconds")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
+    ap.add_argument("--kernels", default="auto", help="the engine's kernels (pallas_kernels.IMPLS)")
     args = ap.parse_args(argv)
     bench = Bench(args.out, args.smoke, args.budget_s)
+    bench.kernels = args.kernels
     skip = set(filter(None, args.skip.split(",")))
     cfg = lambda n: os.path.join(HERE, "..", "configs", f"{n}.json")  # noqa: E731
     print("env:", bench.results["env"], flush=True)
@@ -340,10 +342,12 @@ def main(argv=None):
     else:
         sections = [
             ("kernel_correctness", kernel_correctness),
-            ("kernels", kernel_section, cfg("deepseek_v4_flash"), 4096, [256, 4096], [4096, 8192, 16384]),
             ("v4", v4_section, cfg("deepseek_v4_flash"), [1, 16, 256, 4096], [1, 16, 256], 4096, 256),
+            ("kernels_ab", kv_engines_section, cfg("deepseek_v4_flash"), "v4_kv_kernels",
+             [("triton", {"kernels": "triton"}), ("mosaic_gpu", {"kernels": "mosaic_gpu"})], [256, 4096], 4096),
             ("gqa", gqa_section, REAL_GQA, [1, 16, 256], 256),
-            ("caps", cap_section, cfg("deepseek_v4_flash"), [1024 << 20, 2048 << 20], [256, 4096], 4096),
+            ("caps", kv_engines_section, cfg("deepseek_v4_flash"), "v4_kv_caps",
+             [(f"cap{c >> 20}MiB", {"max_staging_bytes": c}) for c in (1024 << 20, 2048 << 20)], [256, 4096], 4096),
         ]
     if jax.device_count() >= 2:
         mesh = jax.make_mesh((2,), ("tp",), devices=jax.devices()[:2])
@@ -365,7 +369,7 @@ def main(argv=None):
         bench.save()
     print_table(bench.results)
     print(json.dumps({k: v for k, v in bench.results.items() if k in ("errors", "one_page_all_pools", "in_place",
-                                                                     "v4_hlo_host_compute", "block_bytes_chosen")},
+                                                                     "v4_hlo_host_compute", "kernels")},
                      default=str), flush=True)
     return bench.results
 

@@ -26,7 +26,7 @@ class Bench:
         self.t0 = time.perf_counter()
         self.budget_s = budget_s
         self.results: dict = {"env": env_info(), "sweeps": {}, "errors": {}}
-        self.block_bytes = pk.DEFAULT_BLOCK_BYTES
+        self.block_bytes = None   # the kernels' default
         self.kernels = "auto"
 
     def section(self, name, fn, *args):

@@ -1,41 +1,86 @@
-"""Shared argument handling of the page kernels: source shapes, implementations."""
+"""Shared argument handling of the page kernels: implementation names, source shapes, checks."""
 from __future__ import annotations
 
+import functools
+import importlib
+import logging
 from collections.abc import Sequence
 
 import jax
 import numpy as np
 
-from pallas_kernels._triton_offsets import ensure_wide_offsets, needs_wide_offsets
 from pallas_kernels.indices import check_indices
 from pallas_kernels.row_layout import RowLayout, row_layout, source_dims
 
-IMPLS = ("pallas", "interpret", "reference")
-# CUDA caps the second grid axis (one program per page) at 65535.
-MAX_PAGES_PER_CALL = 65535
+BACKENDS = ("mosaic_gpu", "triton", "tpu")
+# Every name `impl=` takes: "auto", a backend, the backend interpreted on the CPU, or plain jnp.
+IMPLS = ("auto", *BACKENDS, *(f"{b}_interpret" for b in BACKENDS), "reference")
+# Block size per backend (bytes): Triton's was the best pack + unpack time of 4-32 KiB on the
+# H200 (BENCHMARKS.md); TPU DMAs move whole pages and ignore it.
+DEFAULT_BLOCK_BYTES = {"mosaic_gpu": 16384, "triton": 4096, "tpu": 4096, "reference": 4096}
+# Backends whose copies need every page (and so every block) to be a multiple of this many bytes.
+GRANULE_BYTES = {"mosaic_gpu": 16}
+MOSAIC_GPU_MIN_CAPABILITY = 9.0   # bulk async copies (TMA) and mbarriers: Hopper and newer
+
+log = logging.getLogger("pallas_kernels")
 
 
-def triton_can_address(arrays) -> bool:
-    """Whether the Triton lowering addresses every array correctly (installing the fix if needed).
-
-    False only when an array needs 64-bit offsets and the fix cannot be installed on
-    this jax: the caller then uses the jnp reference instead.
-    """
-    if not any(a is not None and needs_wide_offsets(a.shape, a.dtype) for a in arrays):
-        return True
-    return ensure_wide_offsets()
-
-
-def check_impl(impl: str) -> None:
+def resolve(impl: str, device: jax.Device | None = None) -> tuple[str, bool]:
+    """(backend or "reference", interpreted?) of an `impl` name; "auto" looks at `device`
+    (default: the first device)."""
     if impl not in IMPLS:
         raise ValueError(f"impl must be one of {', '.join(IMPLS)}; got {impl!r}")
+    if impl == "auto":
+        impl = auto_impl(device or jax.devices()[0])
+    if impl.endswith("_interpret"):
+        return impl[:-len("_interpret")], True
+    return impl, False
 
 
-def describe(sources: Sequence[jax.Array], block_bytes: int, align_bytes: int = 1) -> tuple[RowLayout, int]:
-    """(row layout, num_pages) of `sources`; ValueError if they do not share dtype and page count."""
+def auto_impl(device: jax.Device) -> str:
+    """Mosaic GPU on NVIDIA GPUs of compute capability >= 9.0, Triton on older NVIDIA GPUs,
+    Pallas TPU on TPUs, the jnp reference elsewhere. Logged once per kind of device."""
+    capability = _capability(device)
+    if device.platform == "tpu":
+        choice, why = "tpu", "TPU"
+    elif capability is not None and capability >= MOSAIC_GPU_MIN_CAPABILITY:
+        choice, why = "mosaic_gpu", f"NVIDIA GPU, compute capability {capability}"
+    elif capability is not None:
+        choice, why = "triton", f"NVIDIA GPU, compute capability {capability} < {MOSAIC_GPU_MIN_CAPABILITY}"
+    else:
+        choice, why = "reference", f"no Pallas kernel for platform {device.platform!r}"
+    _log_choice(choice, why, device.device_kind)
+    return choice
+
+
+@functools.cache
+def _log_choice(choice: str, why: str, kind: str) -> None:
+    log.info("page kernels: %s (%s, %s)", choice, why, kind)
+
+
+def _capability(device: jax.Device) -> float | None:
+    """Compute capability of a CUDA device, None for any other device."""
+    if device.platform != "gpu":
+        return None
+    try:
+        return float(getattr(device, "compute_capability", ""))
+    except ValueError:
+        return None
+
+
+def backend_module(backend: str):
+    return importlib.import_module(f"pallas_kernels.{backend}")
+
+
+def describe(sources: Sequence[jax.Array], backend: str, block_bytes: int | None,
+             align_bytes: int = 1) -> tuple[RowLayout, int]:
+    """(row layout, num_pages) of `sources` for `backend`; ValueError if they do not share
+    dtype and page count, or if the backend cannot move pages of their size."""
     if not sources:
         raise ValueError("at least one source array is needed")
     dtype, pages = sources[0].dtype, None
+    itemsize = np.dtype(dtype).itemsize
+    granule = GRANULE_BYTES.get(backend)
     dims = []
     for i, s in enumerate(sources):
         layers, num_pages, elems = source_dims(s.shape)
@@ -43,9 +88,13 @@ def describe(sources: Sequence[jax.Array], block_bytes: int, align_bytes: int = 
             raise ValueError(f"source {i} has dtype {s.dtype}, source 0 has {dtype}: one staging row holds one dtype")
         if pages is not None and num_pages != pages:
             raise ValueError(f"source {i} has {num_pages} pages, source 0 has {pages}")
+        if granule and (elems * itemsize) % granule:
+            raise ValueError(f"source {i} has pages of {elems * itemsize} B: the {backend} kernels move whole "
+                             f"multiples of {granule} B (use another impl, e.g. 'reference')")
         pages = num_pages
         dims.append((layers, elems))
-    return row_layout(dims, np.dtype(dtype).itemsize, block_bytes, align_bytes), pages
+    block = DEFAULT_BLOCK_BYTES[backend] if block_bytes is None else block_bytes
+    return row_layout(dims, itemsize, block, align_bytes, granule), pages
 
 
 def flat(source: jax.Array) -> jax.Array:

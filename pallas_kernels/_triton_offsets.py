@@ -28,6 +28,17 @@ def needs_wide_offsets(shape, dtype) -> bool:
     return n >= SIGNED_I32_LIMIT and n * jnp.dtype(dtype).itemsize <= 2**32
 
 
+def triton_can_address(arrays) -> bool:
+    """Whether the Triton lowering addresses every array correctly (installing the fix if needed).
+
+    False only when an array needs 64-bit offsets and the fix cannot be installed on
+    this jax: the caller then uses the jnp reference instead.
+    """
+    if not any(a is not None and needs_wide_offsets(a.shape, a.dtype) for a in arrays):
+        return True
+    return ensure_wide_offsets()
+
+
 def ensure_wide_offsets() -> bool:
     """Install the 64-bit offset fix; True if it is in place."""
     try:

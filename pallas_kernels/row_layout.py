@@ -7,16 +7,24 @@ source's layers in order, each layer's page flattened:
     row:  | src0 layer0 page p | src0 layer1 page p | ... | src1 layer0 page p | ... |
           ^ segment 0 (row_offset 0)                       ^ segment 1 (row_offset L0*E0)
 
-The kernels copy a row in fixed-size *blocks* of `block_elems` elements, one block per
-program. Triton needs power-of-two block shapes, so a page of E elements is covered by
-ceil(E / B) blocks of B = min(max_block, largest power of two <= E) elements, the last one
-shifted back to end exactly at the page end:
+The kernels copy a row in *blocks* of `block_elems` elements per source. How a page of E
+elements is cut depends on the kernel:
+
+- power-of-two blocks (Triton needs power-of-two shapes): ceil(E / B) blocks of
+  B = min(max_block, largest power of two <= E), the last one shifted back to end exactly
+  at the page end. Overlapping blocks copy the same bytes twice, harmless for a copy, and
+  no block reads or writes outside its page (no masks needed):
 
     page of E = 10 elems, B = 4:   [0 1 2 3][4 5 6 7]
                                            [6 7 8 9]   <- last block starts at E - B
 
-Overlapping blocks copy the same bytes twice, which is harmless for a copy and means no
-block ever reads or writes outside its page (no masks needed).
+- granular blocks (bulk DMA engines move multiples of 16 B between 16 B aligned
+  addresses): the fewest blocks of at most max_block, of equal size B rounded up to the
+  granule, the last one shorter (`last_elems`) so that no two copies write the same bytes:
+
+    page of E = 10, B = 4:         [0 1 2 3][4 5 6 7][8 9]
+
+  A 37,440 B page under a 32 KiB cap moves as 2 x 18,720 B (power-of-two: 2 x 32 KiB).
 
 A row may be padded at its end to a multiple of `align_bytes` (zeros on gather, ignored on
 scatter), so that every row of a contiguous run starts at an aligned address: a DMA
@@ -42,6 +50,11 @@ class Segment:
     block_elems: int       # power of two, <= page_elems
     blocks_per_page: int   # ceil(page_elems / block_elems)
     first_block: int       # index of this segment's first block in the row
+    last_elems: int = 0    # elements of a page's last block (0: block_elems)
+
+    def __post_init__(self):
+        if self.last_elems == 0:
+            object.__setattr__(self, "last_elems", self.block_elems)
 
     @property
     def num_blocks(self) -> int:
@@ -54,7 +67,7 @@ class Segment:
         """
         layer = block // self.blocks_per_page
         b = block % self.blocks_per_page
-        last_start = self.page_elems - self.block_elems
+        last_start = self.page_elems - self.last_elems
         return layer, where(b == self.blocks_per_page - 1, last_start, b * self.block_elems)
 
 
@@ -88,9 +101,10 @@ def padded_elems(elems: int, itemsize: int, align_bytes: int) -> int:
 
 
 def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int = DEFAULT_BLOCK_BYTES,
-               align_bytes: int = 1) -> RowLayout:
+               align_bytes: int = 1, granule_bytes: int | None = None) -> RowLayout:
     """Layout of a row over sources of `(num_layers, page_elems)`, elements of `itemsize`
-    bytes, padded to a multiple of `align_bytes`."""
+    bytes, padded to a multiple of `align_bytes`; blocks are powers of two, or multiples
+    of `granule_bytes` when given (then every page must be a multiple of it too)."""
     if block_bytes < itemsize or block_bytes & (block_bytes - 1):
         raise ValueError(f"block_bytes must be a power of two >= the item size {itemsize}, got {block_bytes}")
     max_block = block_bytes // itemsize
@@ -98,10 +112,26 @@ def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int 
     for num_layers, page_elems in dims:
         if num_layers <= 0 or page_elems <= 0:
             raise ValueError(f"a source needs layers and page elements, got {num_layers} x {page_elems}")
-        block = min(max_block, 1 << (page_elems.bit_length() - 1))
-        per_page = -(-page_elems // block)
-        seg = Segment(num_layers, page_elems, offset, block, per_page, first)
+        if granule_bytes is None:
+            block = min(max_block, 1 << (page_elems.bit_length() - 1))
+            per_page, last = -(-page_elems // block), block
+        else:
+            block = _granular_block(page_elems, itemsize, max_block, granule_bytes)
+            per_page = -(-page_elems // block)
+            last = page_elems - (per_page - 1) * block
+        seg = Segment(num_layers, page_elems, offset, block, per_page, first, last)
         segments.append(seg)
         offset += num_layers * page_elems
         first += seg.num_blocks
     return RowLayout(tuple(segments), padded_elems(offset, itemsize, align_bytes), first, offset)
+
+
+def _granular_block(page_elems: int, itemsize: int, max_block: int, granule_bytes: int) -> int:
+    """Elements per block when blocks must be multiples of `granule_bytes`: as many blocks
+    as `max_block` elements need, of equal size rounded up to the granule."""
+    granule = max(1, granule_bytes // itemsize)
+    if (page_elems * itemsize) % granule_bytes or (max_block * itemsize) % granule_bytes:
+        raise ValueError(f"pages of {page_elems * itemsize} B and blocks of {max_block * itemsize} B must be "
+                         f"multiples of {granule_bytes} B for this kernel")
+    blocks = -(-page_elems // max_block)
+    return -(-(-(-page_elems // blocks)) // granule) * granule

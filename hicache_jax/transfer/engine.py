@@ -14,6 +14,7 @@ compiling once its shapes were seen (`warmup` compiles the common ones ahead).
 """
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping
 
@@ -29,6 +30,8 @@ from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.programs import AllocatorPrograms
+
+log = logging.getLogger("hicache_jax.transfer")
 
 DEFAULT_MAX_STAGING_BYTES = 512 << 20
 DEFAULT_HOST_MEMORY_LIMIT_BYTES = 64 << 30
@@ -47,21 +50,26 @@ class TransferEngine:
     loading replicated pools on a mesh). Such a chunk is split into `pipeline_parts` so
     one part's DMA overlaps the next part's pack/unpack.
 
-    `kernels` picks the pack/unpack implementation: "pallas" (Triton, GPU), "interpret"
-    (Pallas interpreter), "reference" (plain jnp) or "auto" (pallas on GPU, else reference).
+    `kernels` picks the pack/unpack implementation, any name of `pallas_kernels.IMPLS`:
+    "mosaic_gpu", "tpu", "triton", "reference" (plain jnp), a backend interpreted on the
+    CPU ("mosaic_gpu_interpret", ...), or "auto": Mosaic GPU on NVIDIA GPUs (compute
+    capability >= 9.0), Pallas TPU on TPUs, the reference elsewhere (logged once). A
+    layout whose pages the chosen kernels cannot move raises ValueError here; under
+    "auto" it falls back to the reference. `block_bytes` caps one copy (default: the
+    backend's).
     """
 
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
                  host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
-                 block_bytes: int = pk.DEFAULT_BLOCK_BYTES, pipeline_parts: int = DEFAULT_PIPELINE_PARTS):
+                 block_bytes: int | None = None, pipeline_parts: int = DEFAULT_PIPELINE_PARTS):
         self.layout = layout
         self.devices = Devices.create(mesh)
         self._device = DevicePools(layout, device_pages, self.devices)
         host_counts = checked_page_counts(layout, host_pages, "host_pages")
         if pipeline_parts < 1 or pipeline_parts & (pipeline_parts - 1):
             raise ValueError(f"pipeline_parts must be a power of two, got {pipeline_parts}")
-        self.kernels = _resolve_kernels(kernels, self.devices.device)
+        self.kernels = _resolve_kernels(kernels, self.devices.device, layout)
         self._parts = pipeline_parts
         chunk_pages = {}
         for a in self._device.pages:  # before the host tier is allocated: fail fast
@@ -307,12 +315,20 @@ def _where(part: chunking.Chunk, host_start: int) -> np.ndarray:
     return where
 
 
-def _resolve_kernels(kernels: str, device: jax.Device) -> str:
-    if kernels == "auto":
-        return "pallas" if device.platform == "gpu" else "reference"
+def _resolve_kernels(kernels: str, device: jax.Device, layout: PoolLayout) -> str:
+    """The implementation name the programs use (never "auto")."""
     if kernels not in pk.IMPLS:
-        raise ValueError(f"kernels must be 'auto' or one of {', '.join(pk.IMPLS)}; got {kernels!r}")
-    return kernels
+        raise ValueError(f"kernels must be one of {', '.join(pk.IMPLS)}; got {kernels!r}")
+    backend, _ = pk.resolve(kernels, device)
+    chosen = backend if kernels == "auto" else kernels
+    granule = pk.GRANULE_BYTES.get(backend)
+    odd = sorted(p.name for p in layout.pools if granule and p.page_bytes % granule)
+    if odd and kernels == "auto":
+        log.info("page kernels: reference (pools %s have pages that are not multiples of %d B)", odd, granule)
+        return "reference"
+    if odd:
+        raise ValueError(f"kernels={kernels!r} move multiples of {granule} B; pools {odd} have other page sizes")
+    return chosen
 
 
 def _pow2_upto(n: int) -> list[int]:

@@ -38,3 +38,12 @@ def test_bench_storage_smoke(tmp_path):
         assert "mooncake" in backends
     for r in result["runs"]:
         assert r["put_GBps"] > 0 and r["get_GBps"] > 0 and r["raw_write_GBps"] > 0 and r["raw_read_GBps"] > 0
+
+
+@pytest.mark.slow
+def test_bench_kernels_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_kernels.py"), "--smoke", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    rows = json.loads((tmp_path / "kernels.json").read_text())["rows"]
+    assert {k.split("/")[-1] for k in rows} == {"mosaic_gpu", "triton", "xla"}
+    assert all(r.get("exact") for r in rows.values()), rows

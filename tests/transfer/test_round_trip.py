@@ -25,9 +25,9 @@ CASES = [  # (config, tp or None, kernels)
     ("tiny_gqa", None, "reference"),
     ("tiny_gqa", 4, "reference"),
     ("tiny_gqa", 2, "reference"),
-    ("tiny_v4", None, "interpret"),
-    ("tiny_gqa", 2, "interpret"),
-]
+    ("tiny_v4", None, "triton_interpret"),
+    ("tiny_gqa", 2, "triton_interpret"),
+]  # interpreted Mosaic GPU / TPU kernels: test_kernel_programs.py
 DEVICE_PAGES, HOST_PAGES = 12, 32
 
 

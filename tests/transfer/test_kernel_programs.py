@@ -1,0 +1,67 @@
+"""The engine's pack / unpack programs built on the Mosaic GPU and Pallas TPU kernels,
+interpreted on the CPU, equal the same programs on the jnp reference, in place (donated):
+on one device, and for TPU under `shard_map` on a tp = 2 mesh (GQA rows split over ranks).
+
+The other transfer programs cannot be compiled around these interpreters on the CPU:
+both interpreters use ordered effects, and jit loses count of its outputs' memory kinds
+when a program with host-memory outputs has ordered effects (jax 0.11.2 and 0.12). The
+host copies themselves do not depend on the kernels (test_round_trip.py runs them).
+The Mosaic GPU interpreter also cannot run one kernel per CPU device under `shard_map`
+(it keeps one state for all devices), so its tp case runs only on the GPU.
+"""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import hicache_jax as hc
+import pallas_kernels as pk
+from hicache_jax.pools import DevicePools, Devices, HostRowFormat
+from hicache_jax.transfer.programs import AllocatorPrograms
+
+from conftest import CONFIGS
+
+DEVICE_PAGES, ROWS = 12, 4
+
+
+def programs(layout, allocator, devices, kernels):
+    fmt = HostRowFormat.create(layout, allocator, devices)
+    pools = DevicePools(layout, {a.name: DEVICE_PAGES for a in layout.allocator_pools}, devices)
+    no_host = lambda: pytest.fail("pack / unpack never touch the host tier")
+    return AllocatorPrograms(fmt, [pools.shape(s) for s in fmt.pools], devices, no_host, ROWS, kernels, None), pools
+
+
+@pytest.mark.parametrize("kernels, name, tp", [
+    ("mosaic_gpu_interpret", "tiny_v4", None), ("tpu_interpret", "tiny_v4", None), ("tpu_interpret", "tiny_gqa", 2)])
+def test_pack_and_unpack_programs_equal_reference(kernels, name, tp):
+    layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
+    mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
+    devices = Devices.create(mesh)
+    rng = np.random.default_rng(tp or 0)
+    allocator = "kv"
+    ref, pools_of = programs(layout, allocator, devices, "reference")
+    got, _ = programs(layout, allocator, devices, kernels)
+    specs = ref.fmt.pools
+    pools = tuple(jax.device_put(_random(rng, pools_of.shape(s), s.dtype), pools_of.sharding(s)) for s in specs)
+    idx = rng.permutation(DEVICE_PAGES)[:ROWS].astype(np.int32)
+    idx[1] = pk.PAD
+    staging = lambda: jax.device_put(jnp.zeros((ROWS, ref.fmt.row_elems), ref.dtype), ref.staging_sharding)
+    want = ref.compiled("pack", ROWS)(pools, idx, staging())
+    rows = got.compiled("pack", ROWS)(pools, idx, staging())
+    assert np.array_equal(_bytes(rows), _bytes(want))
+    new_rows = jax.device_put(_random(rng, want.shape, want.dtype), ref.staging_sharding)
+    want_pools, _ = ref.compiled("unpack", ROWS)(tuple(p + 0 for p in pools), new_rows, idx)
+    got_pools, _ = got.compiled("unpack", ROWS)(tuple(p + 0 for p in pools), new_rows, idx)
+    for s, a, b in zip(specs, got_pools, want_pools):
+        assert np.array_equal(_bytes(a), _bytes(b)), s.name
+
+
+def _random(rng, shape, dtype):
+    """Random bits of any dtype (NaN patterns included: comparisons are on bytes)."""
+    size = np.dtype(dtype).itemsize
+    return rng.integers(0, 256, (*shape[:-1], shape[-1] * size), np.uint8).view(dtype)
+
+
+def _bytes(x):
+    return np.ascontiguousarray(np.asarray(x)).view(np.uint8)
