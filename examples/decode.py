@@ -123,6 +123,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--max-pages", type=int, default=8, help="model context, in pages")
     ap.add_argument("--preempt-every", type=int, default=5, help="preempt every Nth request mid-decode (0: never)")
     ap.add_argument("--metrics-out", default=None, help="write the cache's Prometheus text to this file at the end")
+    ap.add_argument("--storage", default=None, metavar="URL",
+                    help="L3 storage tier under the host tier: file:///dir (tensorstore), mooncake://host:port "
+                         "(Mooncake Store), memory:// (this process only); off when not given")
+    ap.add_argument("--prefetch-policy", default="wait_complete", choices=["best_effort", "wait_complete", "timeout"],
+                    help="how long a request waits for pages being fetched from --storage")
     ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call (slow)")
     ap.add_argument("--quiet", dest="progress", action="store_false", help="no per-request lines")
     args = ap.parse_args(argv)
@@ -146,6 +151,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         if pages > have:
             ap.error(f"the longest request needs {pages} pages of context but {flag} is {have}: raise {flag} "
                      f"(or shorten the prompts: --system-tokens, --user-tokens, --followup-tokens, --turns, --gen-tokens)")
+    if args.storage is not None:
+        try:
+            hc.HiCacheConfig(device_pages=1, storage=args.storage)
+        except ValueError as e:
+            ap.error(f"--storage {args.storage}: {e}")
     if args.metrics_out:
         try:
             with open(args.metrics_out, "a"):
@@ -177,8 +187,11 @@ def main(argv=None) -> int:
     print(f"{layout.model.name}: {len(layout.pools)} pools, {args.requests} requests, device {args.device_pages} pages, "
           f"host {args.host_pages} pages, {args.write_policy}, jax {jax.__version__} on {jax.devices()[0].platform}",
           flush=True)
+    # the weights are random, seeded: the seed names them in storage keys
     cache = hc.HiCache(layout, hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
-                                                write_policy=args.write_policy, check_invariants=args.check))
+                                                write_policy=args.write_policy, check_invariants=args.check,
+                                                storage=args.storage, storage_prefetch_policy=args.prefetch_policy,
+                                                storage_model_id=f"{layout.model.name}/tiny-seed{args.seed}"))
     print("compiling the transfer programs and the model (a one-off, some seconds) ...", flush=True)
     cache.warmup(args.max_pages)
     warm_up(model, cache)
@@ -197,6 +210,7 @@ def main(argv=None) -> int:
     result = {
         "identical": same,
         "host_hit_tokens": sum(o.host_hit for o in with_cache),
+        "storage_hit_tokens": sum(o.storage_hit for o in with_cache),
         "device_hit_tokens": sum(o.device_hit for o in with_cache),
         "recomputed_tokens": sum(o.computed for o in with_cache),
         "no_cache_computed_tokens": sum(o.computed for o in without),
@@ -208,6 +222,7 @@ def main(argv=None) -> int:
         "host_hit_per_request": [o.host_hit for o in with_cache],
         "dropped_tokens": {k: v for k, v in s.dropped_tokens.items()},
     }
+    cache.close()
     print(json.dumps(result))
     return 0 if same else 1
 

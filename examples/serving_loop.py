@@ -27,6 +27,7 @@ class Outcome:
     ttft_s: float                           # first token's latency (prompt prefill included)
     device_hit: int = 0                     # prompt tokens found on device
     host_hit: int = 0                       # prompt tokens loaded back from host
+    storage_hit: int = 0                    # of those, tokens just fetched from the storage tier
     computed: int = 0                       # prompt tokens prefilled
     resume_len: int | None = None           # set when the request was preempted
 
@@ -87,6 +88,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
     out.device_hit += prefix.device_tokens
     out.host_hit += prefix.host_tokens
+    out.storage_hit += prefix.storage_tokens
     first, total = usable // P, -(-(len(prompt) + gen) // P)
     swa_alloc = cache.swa_allocator
     grant = cache.alloc(total - first, total - first if swa_alloc else 0)

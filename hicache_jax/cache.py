@@ -34,8 +34,8 @@ from hicache_jax.flights import Flights
 from hicache_jax.metrics import CacheStats, StatsCollector, Tally, snapshot
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
 from hicache_jax.plan import Direction, TransferPlan
-from hicache_jax.storage import StorageBackend, open_backend
-from hicache_jax.storage_link import StorageLink
+from hicache_jax.storage import StorageBackend
+from hicache_jax.storage_link import StorageLink, open_store
 from hicache_jax.transfer import TransferEngine
 from hicache_jax.transfer.engine import WARMUP_MAX_RUNS
 from hicache_jax.tree import (EvictResult, InsertResult, LoadCost, LoadJob, LockId, MatchResult, NodeId, Refusal,
@@ -76,7 +76,7 @@ class HiCache:
         self._requested_tokens = 0
         self._storage = None
         if storage is not None or config.storage is not None:
-            backend = storage if storage is not None else open_backend(config.storage, config.storage_call_timeout_s)
+            backend = storage if storage is not None else open_store(config.storage, config.storage_call_timeout_s)
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
             self._storage = StorageLink(layout, config, self.core, self.engine, backend, tp)
         self.registry = CollectorRegistry(auto_describe=True)

@@ -15,16 +15,51 @@ freed. A store that fails or stalls only makes lookups and reads come back empty
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 import jax.numpy as jnp
 import numpy as np
 
 from hicache_jax.config import HiCacheConfig
 from hicache_jax.layout import PoolLayout
-from hicache_jax.storage import GetResult, StorageBackend, StorageConfig, StorageOp, StorageStats, StorageTier
+from hicache_jax.storage import (GetResult, StorageBackend, StorageConfig, StorageOp, StorageStats, StorageTier,
+                                 open_backend)
 from hicache_jax.transfer import TransferEngine
 from hicache_jax.tree import HostCopy, NodeId, PrefetchJob, TransferId, TreeCore, as_tokens
 from hicache_jax.tree.match import cap_tokens
+
+log = logging.getLogger("hicache_jax.storage")
+
+
+class UnreachableBackend:
+    """Stands for a store that could not be opened: every call fails, so the tier counts it
+    and stays degraded, and the cache serves from L1/L2 only."""
+
+    def __init__(self, url: str, error: BaseException):
+        self.name, self.error = f"unreachable:{url}", error
+
+    def _fail(self, *_args):
+        raise ConnectionError(f"storage {self.name[12:]} could not be opened: {self.error}")
+
+    contains = exists = get = put = _fail
+
+    def register(self, array) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+def open_store(url: str, timeout_s: float) -> StorageBackend:
+    """The backend `url` names; a store that cannot be reached now is logged and stands in
+    as unreachable (a malformed URL raises ValueError)."""
+    try:
+        return open_backend(url, timeout_s)
+    except ValueError:
+        raise
+    except Exception as e:           # down, refused, missing library: serve without L3
+        log.warning("L3 storage %s unavailable, serving from device and host only: %s", url, e)
+        return UnreachableBackend(url, e)
 
 
 @dataclasses.dataclass

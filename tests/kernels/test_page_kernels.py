@@ -104,7 +104,7 @@ def test_empty_index_arrays_move_nothing():
     rng = np.random.default_rng(2)
     sources = uint8_sources(rng)
     empty = np.zeros((0,), np.int32)
-    for impl in ("tpu_interpret", "triton_interpret", "reference"):  # mosaic_gpu: test_backends.py
+    for impl in ("tpu_interpret", "triton_interpret", "reference"):  # mosaic_gpu: test_kernel_backends.py
         assert pk.gather_pages(sources, empty, impl=impl).shape[0] == 0
         staging = jnp.zeros((1, pk.gather_pages_reference(sources, np.array([0], np.int32)).shape[1]), jnp.uint8)
         assert same(pk.scatter_pages(sources, staging, empty, impl=impl), sources)
@@ -131,7 +131,7 @@ def test_bad_indices_raise_before_any_device_work(bad, message):
     sources = uint8_sources(np.random.default_rng(4))
     before = [np.asarray(s) for s in sources]
     staging = jnp.zeros((4, pk.gather_pages_reference(sources, np.array([0], np.int32)).shape[1]), jnp.uint8)
-    for impl in ("tpu", "triton", "reference"):  # mosaic_gpu: test_backends.py
+    for impl in ("tpu", "triton", "reference"):  # mosaic_gpu: test_kernel_backends.py
         with pytest.raises(ValueError, match=message):
             pk.gather_pages(sources, bad, impl=impl)
         with pytest.raises(ValueError, match=message):
