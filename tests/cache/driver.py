@@ -38,7 +38,7 @@ def page_bytes(spec, blocks) -> np.ndarray:
 class Driver:
     def __init__(self, cache: hc.HiCache):
         self.cache, self.layout = cache, cache.layout
-        self.host_hits = self.device_hits = 0
+        self.host_hits = self.device_hits = self.storage_hits = 0
 
     def write(self, pages: dict[str, list[tuple[int, tuple]]]) -> None:
         """pages: allocator -> [(device page, blocks of its prefix)]; one write per pool."""
@@ -76,6 +76,7 @@ class Driver:
         usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
         self.verify(blocks, table, window)          # every served page, device or host
         self.host_hits += prefix.host_tokens
+        self.storage_hits += prefix.storage_tokens
         self.device_hits += prefix.device_tokens
         first, n = usable // P, len(blocks)
         swa = c.swa_allocator

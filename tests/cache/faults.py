@@ -103,11 +103,11 @@ class FaultyEngine:
         return out
 
 
-def faulty_cache(layout, config, slow=(), clock=time.monotonic):
+def faulty_cache(layout, config, slow=(), clock=time.monotonic, storage=None):
     """A HiCache over a `FaultyEngine` wrapping a real one; directions in `slow` start slow."""
     faulty = FaultyEngine(hc.HiCache(layout, config).engine)
     faulty.slow.update(slow)
-    return hc.HiCache(layout, config, engine=faulty, clock=clock), faulty
+    return hc.HiCache(layout, config, engine=faulty, clock=clock, storage=storage), faulty
 
 
 def empty_everything(cache):

@@ -12,12 +12,13 @@ allocator must come back.
 """
 import numpy as np
 import pytest
-from hypothesis import settings, strategies as st
+from hypothesis import event, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
 
 import hicache_jax as hc
 from driver import Driver, layout, seq
 from faults import empty_everything, faulty_cache
+from hicache_jax.storage import FaultyBackend, MemoryBackend
 
 LAYOUTS = {name: layout(name) for name in ("tiny_v4", "tiny_v41", "tiny_gqa")}
 PROMPT = st.lists(st.integers(0, 2), min_size=1, max_size=3)   # blocks of one page each
@@ -30,12 +31,20 @@ class CacheMachine(RuleBasedStateMachine):
                 first=st.lists(PROMPT, min_size=2, max_size=5))
     def setup(self, name, policy, slow, device, host, first):
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
-                               load_back_threshold=1)
-        self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow={"backup", "load"} if slow else ())
+                               load_back_threshold=1, **self.storage_config())
+        self.name, self.cfg, self.slow = name, cfg, {"backup", "load"} if slow else set()
+        self.store = self.make_store()
+        self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)
         self.driver = Driver(self.cache)
         self.seen = []
         for blocks in first:            # some conversations to come back to
             self.request(blocks, swa_every=True, load=True)
+
+    def storage_config(self) -> dict:
+        return {}
+
+    def make_store(self):
+        return None
 
     @rule(blocks=PROMPT, swa_every=st.booleans(), load=st.sampled_from([True, True, True, False]))
     def request(self, blocks, swa_every, load):
@@ -100,7 +109,7 @@ class CacheMachine(RuleBasedStateMachine):
     @rule()
     def drain(self):
         self.cache.drain()
-        assert self.cache.stats().in_flight == {"backup": 0, "load": 0}
+        assert not any(self.cache.stats().in_flight.values())
 
     @rule(pages=st.integers(1, 4))
     def evict(self, pages):
@@ -113,9 +122,55 @@ class CacheMachine(RuleBasedStateMachine):
     def teardown(self):
         if hasattr(self, "cache"):
             empty_everything(self.cache)
+            self.cache.close()
+
+
+class ThreeTierMachine(CacheMachine):
+    """The same over three tiers: a storage tier under the host tier, which outlives the
+    cache (a restart builds a new one over the same store) and may fail, stall, or hand back
+    damaged objects; whatever it serves is checked byte for byte like the rest."""
+
+    def storage_config(self) -> dict:
+        return dict(storage_prefetch_policy="wait_complete", storage_call_timeout_s=0.5, storage_retry_after_s=0.05)
+
+    def make_store(self):
+        return FaultyBackend(MemoryBackend())
+
+    @rule(pick=st.integers(0, 31))
+    def restart(self, pick):
+        """A new process over the same store: everything but the store is gone. It serves an
+        earlier prompt at once (from the store, when the store has it and works)."""
+        empty_everything(self.cache)
+        self.cache.close()
+        self.cache, self.faulty = faulty_cache(LAYOUTS[self.name], self.cfg, slow=self.slow, storage=self.store)
+        self.driver = Driver(self.cache)
+        if self.seen:
+            self.driver.request(self.seen[pick % len(self.seen)], swa_every=True)
+            event(f"first request after a restart: {'from storage' if self.driver.storage_hits else 'recomputed'}")
+
+    @rule()
+    def evict_host(self):
+        self.cache.drain()
+        self.cache.core.evict_host(dict.fromkeys(self.cache.core.components.names, 10 ** 6))
+
+    @rule(fault=st.sampled_from(["raise", "damage", "hide", "heal"]))
+    def storage_fault(self, fault):
+        if fault == "raise":
+            self.store.raise_on.update({"exists", "contains", "get", "put"})
+        elif fault == "damage":
+            self.store.damage["/swa/"] = "checksum"
+        elif fault == "hide":
+            self.store.hidden_pools.add(self.cache.layout.byte_pools[-1].name)
+        else:
+            self.store.raise_on.clear()
+            self.store.damage.clear()
+            self.store.hidden_pools.clear()
 
 
 TestCacheMachine = pytest.mark.slow(CacheMachine.TestCase)
 # Half the profile's examples: each one runs the real engine (CI: 20, about 25 s).
 TestCacheMachine.settings = settings(TestCacheMachine.settings, max_examples=max(1, settings().max_examples // 2),
                                      stateful_step_count=20, report_multiple_bugs=False)
+TestThreeTierMachine = pytest.mark.slow(ThreeTierMachine.TestCase)
+TestThreeTierMachine.settings = settings(TestThreeTierMachine.settings, max_examples=max(1, settings().max_examples // 4),
+                                         stateful_step_count=20, report_multiple_bugs=False)
