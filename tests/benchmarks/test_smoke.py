@@ -47,3 +47,11 @@ def test_bench_kernels_smoke(tmp_path):
     rows = json.loads((tmp_path / "kernels.json").read_text())["rows"]
     assert {k.split("/")[-1] for k in rows} == {"mosaic_gpu", "triton", "xla"}
     assert all(r.get("exact") for r in rows.values()), rows
+
+
+@pytest.mark.slow
+def test_bench_api_smoke(tmp_path):
+    result = run("bench_api.py", tmp_path)
+    assert {r["pages"] for r in result["runs"]} == {1, 4}
+    for r in result["runs"]:
+        assert r["exact"] and r["acquire"]["ms"] > 0 and r["load_back"]["contiguous_ms"] > 0

@@ -1,0 +1,160 @@
+"""A host hit as a serving loop sees it: `acquire` (and `load_back` + `wait`) of a prefix
+that lives on the host only, paired round by round with a contiguous pinned-host ->
+device `device_put` of the same bytes (the prefix's kv pages and its trailing window's
+SWA pages, every pool), measured in the same process.
+
+Each round: evict the prefix from the device (its host copy stays), then time the public
+call until it returns with the pages usable, then the contiguous copy; medians of the
+times and of the per-round ratios. The first round's restored pages are compared byte
+for byte with what was written.
+
+    python benchmarks/bench_api.py --out api.json            # V4-Flash and V4.1-Flash, 1..4096 pages (GPU)
+    python benchmarks/bench_api.py --smoke --out api.json    # tiny_v4, CPU, seconds
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+import hicache_jax as hc  # noqa: E402
+
+clock = time.perf_counter
+
+
+def prefix_bytes(layout, pages: int) -> int:
+    window = min(pages, layout.window_pages())
+    return pages * layout.page_bytes_of(layout.anchor.name) + (
+        window * layout.page_bytes_of(layout.swa_pool.name) if layout.swa_pool else 0)
+
+
+def fill(cache, grant, seed: int) -> dict[str, jax.Array]:
+    """Random bytes in the granted pages of every pool (on the device); returns them."""
+    pools, written = cache.device_pools, {}
+    key = jax.random.key(seed)
+    for spec in cache.layout.byte_pools:
+        pages = jnp.asarray(grant[spec.allocator])
+        if pages.size == 0:
+            continue
+        key, sub = jax.random.split(key)
+        arr = pools[spec.name]
+        shape = (arr.shape[0], int(pages.size), *arr.shape[2:])
+        bits = jax.random.bits(sub, shape, jnp.uint8 if arr.dtype == jnp.uint8 else jnp.uint16)
+        values = jax.lax.bitcast_convert_type(bits, arr.dtype)
+        pools[spec.name] = jax.jit(lambda a, p, v: a.at[:, p].set(v), donate_argnums=0,
+                                   out_shardings=arr.sharding)(arr, pages, values)
+        written[spec.name] = values
+    cache.set_device_pools(pools)
+    return written
+
+
+def same_bytes(cache, prefix, written) -> bool:
+    pools = cache.device_pools
+    for spec in cache.layout.byte_pools:
+        if spec.name not in written:
+            continue
+        pages = prefix.device_pages if spec.allocator == cache.anchor else prefix.swa_pages
+        got = pools[spec.name][:, jnp.asarray(pages)]
+        want = written[spec.name][:, -len(pages):] if spec.allocator != cache.anchor else written[spec.name]
+        if not bool(jnp.array_equal(got, want)):
+            return False
+    return True
+
+
+def make_cache(config: str, max_pages: int) -> hc.HiCache:
+    layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
+    window = layout.window_pages() if layout.swa_pool else 0
+    cfg = hc.HiCacheConfig(device_pages=max_pages + 2, swa_device_pages=window + 2 if window else None,
+                           host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
+                           write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40)
+    return hc.HiCache(layout, cfg)
+
+
+def run(cache: hc.HiCache, pages: int, rounds: int, seed: int) -> dict:
+    """One prefix of `pages` pages: insert it, then `rounds` paired rounds (after a warm-up one,
+    which also compiles what it needs)."""
+    layout = cache.layout
+    window = min(pages, cache.window_pages)
+    tokens = np.random.default_rng(seed + pages).integers(1, 50_000, pages * layout.page_size + 1).astype(np.int32)
+    grant = cache.alloc(pages, window)
+    written = fill(cache, grant, seed)
+    keep = {pages - window + i: int(p) for i, p in enumerate(grant[cache.swa_allocator])} if window else None
+    cache.insert(tokens[:-1], grant[cache.anchor], keep)
+    nbytes = prefix_bytes(layout, pages)
+    dev = jax.devices()[0]
+    host_block = jax.device_put(np.zeros(nbytes, np.uint8), jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
+    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+    rows, exact = [], None
+    for r in range(rounds + 1):                     # round 0 warms up
+        for how in ("acquire", "load_back"):
+            cache.evict(10 ** 6, 10 ** 6 if window else 0)
+            cache.drain()
+            t = clock()
+            if how == "acquire":
+                prefix = cache.acquire(tokens)
+            else:
+                lb = cache.load_back(cache.match_prefix(tokens))
+                assert lb.started and cache.wait(lb), lb.refused
+                prefix = lb
+            jax.block_until_ready(cache.device_pools)
+            took = clock() - t
+            if exact is None:
+                exact = same_bytes(cache, prefix, written)
+            cache.unlock(prefix.lock)
+            assert (prefix.total_len if how == "load_back" else prefix.length) == pages * layout.page_size
+            t = clock()
+            jax.block_until_ready(jax.device_put(host_block, on_device))
+            ref = clock() - t
+            if r:
+                rows.append((how, took, ref))
+    cache.evict(10 ** 6, 10 ** 6 if window else 0)   # make room for the next prefix
+    cache.drain()
+    cache.core.evict_host(dict.fromkeys(cache.core.components.names, 10 ** 6))
+    out = {"config": layout.model.name, "pages": pages, "bytes": nbytes, "exact": bool(exact), "rounds": rounds}
+    for how in ("acquire", "load_back"):
+        mine = [(t, ref) for h, t, ref in rows if h == how]
+        out[how] = {"ms": round(float(np.median([t for t, _ in mine])) * 1e3, 3),
+                    "contiguous_ms": round(float(np.median([ref for _, ref in mine])) * 1e3, 3),
+                    "ratio": round(float(np.median([ref / t for t, ref in mine])), 3)}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash")
+    ap.add_argument("--pages", default="1,16,256,4096")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--smoke", action="store_true", help="tiny_v4, 1 and 4 pages, 2 rounds: CPU, seconds")
+    ap.add_argument("--out", default="bench_api.json")
+    args = ap.parse_args()
+    if args.smoke:
+        args.configs, args.pages, args.rounds = "tiny_v4", "1,4", 2
+    result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]), "runs": []}
+    print(f"{'config':20} {'pages':>5} {'MB':>8} {'acquire ms':>10} {'ratio':>6} {'load+wait ms':>12} {'ratio':>6} "
+          f"{'contiguous ms':>13} exact")
+    sizes = [int(p) for p in args.pages.split(",")]
+    for config in args.configs.split(","):
+        cache = make_cache(config, max(sizes))
+        for pages in sizes:
+            r = run(cache, pages, args.rounds, args.seed)
+            result["runs"].append(r)
+            print(f"{r['config']:20} {pages:>5} {r['bytes'] / 1e6:>8.1f} {r['acquire']['ms']:>10.3f} "
+                  f"{r['acquire']['ratio']:>6.3f} {r['load_back']['ms']:>12.3f} {r['load_back']['ratio']:>6.3f} "
+                  f"{r['acquire']['contiguous_ms']:>13.3f} {r['exact']}", flush=True)
+            pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+        cache.close()
+    if not all(r["exact"] for r in result["runs"]):
+        sys.exit("bench_api: restored bytes differ from what was written")
+
+
+if __name__ == "__main__":
+    main()
