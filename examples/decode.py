@@ -220,6 +220,7 @@ def main(argv=None) -> int:
         "ttft_ms_cache": [round(1e3 * o.ttft_s, 3) for o in with_cache],
         "ttft_ms_recompute": [round(1e3 * o.ttft_s, 3) for o in without],
         "host_hit_per_request": [o.host_hit for o in with_cache],
+        "storage_hit_per_request": [o.storage_hit for o in with_cache],
         "dropped_tokens": {k: v for k, v in s.dropped_tokens.items()},
     }
     cache.close()
