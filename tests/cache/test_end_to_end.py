@@ -34,7 +34,7 @@ def test_shared_prefixes_survive_eviction_and_load_back(name, policy, link):
     s = cache.stats()
     assert d.host_hits > 0 and s.host_hit_tokens == d.host_hits
     assert sum(s.load_bytes.values()) > 0 and sum(s.backup_bytes.values()) > 0
-    assert s.in_flight == {"backup": 0, "load": 0}
+    assert s.in_flight == {"backup": 0, "load": 0, "prefetch": 0}
     if policy == "write_through":
         assert not s.dropped_tokens
 
