@@ -67,7 +67,7 @@ class HiCache:
                              prefetch_share=config.storage_prefetch_share)
         self.engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, max_staging_bytes=config.max_staging_bytes,
-            host_memory_limit_bytes=config.host_memory_limit_bytes)
+            host_memory_limit_bytes=config.host_limit_bytes())
         self._pools = self.engine.init_device_pools()
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         self.tally = Tally()

@@ -207,7 +207,7 @@ class HiCacheConfig:
     link_bytes_per_second: float = 25e9
     transfer_timeout_s: float = 30.0             # a transfer not done by then is failed
     max_staging_bytes: int = 512 << 20
-    host_memory_limit_bytes: int = 64 << 30      # XLA's pinned host pool cap by default
+    host_memory_limit_bytes: int | None = None   # default: XLA's pinned host pool cap (see xla_pinned_limit_bytes)
     check_invariants: bool = False               # recompute every invariant after each call (tests)
     # L3 storage (off unless `storage` names a store: file:///dir, gs://..., s3://..., mooncake://host:port)
     storage: str | None = None
@@ -253,7 +253,8 @@ class HiCacheConfig:
             if v is not None:
                 validate.number(f"{_FIELD}{name!r}", v)
         _check_count("max_staging_bytes", self.max_staging_bytes, minimum=1)
-        _check_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
+        if self.host_memory_limit_bytes is not None:
+            _check_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
         if not isinstance(self.check_invariants, bool):
             raise ValueError(f"{_FIELD}'check_invariants' must be a bool, got {self.check_invariants!r}")
         self._check_storage()
@@ -275,6 +276,11 @@ class HiCacheConfig:
             raise ValueError(f"{_FIELD}'storage_prefetch_share' must be in (0, 1], got {share!r}")
         if not isinstance(self.storage_model_id, str):
             raise ValueError(f"{_FIELD}'storage_model_id' must be a str, got {self.storage_model_id!r}")
+
+    def host_limit_bytes(self) -> int:
+        """The most pinned host memory the host tier may take: `host_memory_limit_bytes`, or
+        by default the cap of XLA's pinned pool (`xla_pinned_limit_bytes`)."""
+        return self.host_memory_limit_bytes if self.host_memory_limit_bytes is not None else xla_pinned_limit_bytes()
 
     def prefetch_wait_s(self, prompt_tokens: int) -> float | None:
         """How long `acquire` waits for a prefetch of a prompt this long (None: until it ends)."""
@@ -306,6 +312,20 @@ class HiCacheConfig:
             raise ValueError(f"host page budgets name {unknown or missing}: they must cover exactly the "
                              f"allocators {allocators}")
         return device, host
+
+
+def xla_pinned_limit_bytes() -> int:
+    """The cap of XLA's pinned host allocator: `XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB` GiB when
+    set (XLA reads the same variable), else XLA's default of 64 GiB. Read when a cache is
+    built, never at import."""
+    raw = os.environ.get("XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB")
+    if raw is None:
+        return 64 << 30
+    try:
+        gib = float(raw)
+    except ValueError:
+        raise ValueError(f"XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB must be a number of GiB, got {raw!r}") from None
+    return int(gib * (1 << 30))
 
 
 _FIELD = "HiCacheConfig field "

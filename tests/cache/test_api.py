@@ -143,3 +143,19 @@ def test_acquire_pins_the_prefix_and_reports_refusals():
     assert c.evict(3).device_pages == 0         # pinned while acquired
     c.unlock(p.lock)
     assert c.evict(3).device_pages == 3
+
+
+def test_the_host_limit_follows_xla_pinned_pool_cap(monkeypatch):
+    lay = layout("tiny_v4")
+    cfg = hc.HiCacheConfig(device_pages=4, host_pages=64)
+    monkeypatch.delenv("XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB", raising=False)
+    assert cfg.host_limit_bytes() == 64 << 30
+    monkeypatch.setenv("XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB", "100")
+    assert cfg.host_limit_bytes() == 100 << 30
+    monkeypatch.setenv("XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB", "0.0001")   # ~107 KB: too small for 64 pages
+    with pytest.raises(ValueError, match="XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB"):
+        hc.HiCache(lay, cfg)
+    assert hc.HiCacheConfig(device_pages=4, host_memory_limit_bytes=1 << 40).host_limit_bytes() == 1 << 40
+    monkeypatch.setenv("XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB", "lots")
+    with pytest.raises(ValueError, match="'lots'"):
+        cfg.host_limit_bytes()
