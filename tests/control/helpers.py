@@ -15,8 +15,8 @@ def layout(name: str):
 def core(name="tiny_v4", dev=8, host=16, swa_dev=8, swa_host=16, **kw) -> TreeCore:
     lay = layout(name)
     dpages, hpages = {"kv": dev}, {"kv": host}
-    if lay.swa_pool is not None:
-        dpages["swa"], hpages["swa"] = swa_dev, swa_host
+    if lay.swa_pool is not None:     # "swa" (DeepSeek) or "gemma3_swa_kv": the layout names it
+        dpages[lay.swa_pool.name], hpages[lay.swa_pool.name] = swa_dev, swa_host
     return TreeCore(lay, device_pages=dpages, host_pages=hpages, **kw)
 
 
@@ -30,12 +30,12 @@ def put(c: TreeCore, tokens: np.ndarray, swa_last: int = 1):
     n = len(tokens) // P
     need = {"kv": n}
     if c.swa is not None:
-        need["swa"] = min(swa_last, n)
+        need[c.swa] = min(swa_last, n)
     got = c.alloc_device(need)
     assert got is not None
     swa = {}
     if c.swa is not None:
-        swa = {n - len(got["swa"]) + i: int(p) for i, p in enumerate(got["swa"])}
+        swa = {n - len(got[c.swa]) + i: int(p) for i, p in enumerate(got[c.swa])}
     res = c.insert(tokens, got["kv"], swa)
     c.check_invariants()
     return res, got
