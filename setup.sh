@@ -28,7 +28,7 @@ if [ ! -x .venv/bin/python ] || ! ok .venv/bin/python; then
   "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install -q --upgrade pip
-.venv/bin/python -m pip install -q -e '.[test,bench]'
+.venv/bin/python -m pip install -q -e '.[test,bench,gemma]'
 .venv/bin/python -c 'import jax, hicache_jax; print("setup.sh: jax", jax.__version__, "on", jax.devices()[0].platform)'
 
 if [ "${1:-}" != "--no-run" ]; then

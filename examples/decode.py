@@ -75,7 +75,7 @@ def warm_up(model, cache: hc.HiCache) -> None:
     """Compile the model's one program before anything is timed, on the cache's own pools
     (same shapes and placement). It writes page 0, which nothing holds yet."""
     z = np.zeros(model.max_pages, np.int32)
-    pools, logits = model.forward_chunk(cache.device_pools, z, z, np.zeros(model.page_size, np.int32), 0, 1)
+    pools, logits = model.forward_chunk(cache.device_pools, z, z, np.zeros(model.chunk_size, np.int32), 0, 1)
     jax.block_until_ready(logits)
     cache.set_device_pools(pools)
 

@@ -40,8 +40,9 @@ class PagedRequest:
         self.model, self.pools, self.seq = model, pools, list(seq.tolist())
         self.anchor, self.swa = anchor, swa     # swa: logical page -> SWA device page
 
-    def forward(self, end: int) -> np.ndarray:
-        """Compute positions up to `end` (exclusive) of the chunk holding end - 1; logits of end - 1."""
+    def forward(self, end: int, logits: bool = True) -> np.ndarray | None:
+        """Compute positions up to `end` (exclusive) of the chunk holding end - 1; logits of end - 1
+        (None when not asked for)."""
         C, m = self.model.chunk_size, self.model.max_pages
         q = (end - 1) // C
         tokens = np.zeros(C, np.int32)
@@ -52,15 +53,16 @@ class PagedRequest:
         s = np.zeros(m, np.int32)
         for k, v in self.swa.items():
             s[k] = v
-        self.pools, logits = self.model.forward_chunk(self.pools, a, s, tokens, q * C, end - q * C)
-        return np.asarray(logits)
+        self.pools, out = self.model.forward_chunk(self.pools, a, s, tokens, q * C, end - q * C, logits=logits)
+        return None if out is None else np.asarray(out)
 
     def prefill(self, start: int) -> np.ndarray:
         """Prefill from page-aligned `start` to the end of the sequence; the last logits."""
         C, n = self.model.chunk_size, len(self.seq)
+        last = -(-n // C) - 1
         logits = None
-        for q in range(start // C, -(-n // C)):
-            logits = self.forward(min(n, (q + 1) * C))
+        for q in range(start // C, last + 1):
+            logits = self.forward(min(n, (q + 1) * C), logits=q == last)
         return logits
 
     def decode(self, first_logits: np.ndarray, gen: int, out: Outcome, stop_after: int | None = None,

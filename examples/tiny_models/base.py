@@ -50,16 +50,18 @@ class ChunkModel:
 
     # ---- public API -------------------------------------------------------------------
 
-    def forward_chunk(self, pools, anchor_pages, swa_pages, tokens, start, valid):
+    def forward_chunk(self, pools, anchor_pages, swa_pages, tokens, start, valid, logits: bool = True):
         """(pools, logits f32[vocab]) of position start + valid - 1; see the module docstring.
 
         pools: {name: u8/bf16[num_layers, num_pages, *page_shape]} for every byte pool of the
         layout (donated: do not reuse the dict passed in); anchor_pages, swa_pages:
         i32[max_pages]; tokens: i32[chunk_size]; start, valid: ints or i32 scalars (a jax
         array is passed through unchecked: checking it would need a device sync).
+        `logits=False` (a prefill chunk before the last) returns None for the logits and
+        lets a model skip its head; the same compiled program runs, so the pools are the same.
         """
-        pools, _, last = self._call(pools, anchor_pages, swa_pages, tokens, start, valid)
-        return pools, last
+        pools, _, last = self._call(pools, anchor_pages, swa_pages, tokens, start, valid, logits)
+        return pools, last if logits else None
 
     def forward_chunk_all(self, pools, anchor_pages, swa_pages, tokens, start, valid):
         """Like `forward_chunk`, but the logits of every row: f32[page_size, vocab].
@@ -67,7 +69,7 @@ class ChunkModel:
         Rows >= valid hold finite values that mean nothing. Same compiled program as
         `forward_chunk`, so `all[valid - 1]` equals its logits bit for bit.
         """
-        pools, logits, _ = self._call(pools, anchor_pages, swa_pages, tokens, start, valid)
+        pools, logits, _ = self._call(pools, anchor_pages, swa_pages, tokens, start, valid, True)
         return pools, logits
 
     def pool_shapes(self, num_anchor_pages: int, num_swa_pages: int) -> dict[str, tuple[tuple[int, ...], str]]:
@@ -83,14 +85,15 @@ class ChunkModel:
     def _chunk(self, params, pools, chunk: Chunk, tokens):
         raise NotImplementedError
 
-    def _forward(self, params, pools, anchor_pages, swa_pages, tokens, start, valid):
+    def _forward(self, params, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits):
+        # the tiny models compute every row's logits (cheap): `want_logits` is not needed
         chunk = Chunk.make(self.page_size, anchor_pages, swa_pages, start, valid, rows=self.chunk_size)
         tokens = jnp.clip(tokens, 0, self.vocab_size - 1)  # padding may hold anything
         pools, logits = self._chunk(params, pools, chunk, tokens)
         last = jax.lax.dynamic_index_in_dim(logits, valid - 1, axis=0, keepdims=False)
         return pools, logits, last
 
-    def _call(self, pools, anchor_pages, swa_pages, tokens, start, valid):
+    def _call(self, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits: bool):
         check_pools(self.layout, pools)
         anchor_pages = _i32_vector("anchor_pages", anchor_pages, self.max_pages)
         swa_pages = _i32_vector("swa_pages", swa_pages, self.max_pages)
@@ -98,7 +101,8 @@ class ChunkModel:
         start, valid = _i32_scalar("start", start), _i32_scalar("valid", valid)
         if isinstance(start, np.int32) and isinstance(valid, np.int32):
             self._check_range(int(start), int(valid))
-        return self._step(self.params, dict(pools), anchor_pages, swa_pages, tokens, start, valid)
+        return self._step(self.params, dict(pools), anchor_pages, swa_pages, tokens, start, valid,
+                          np.bool_(want_logits))
 
     def _check_range(self, start: int, valid: int) -> None:
         P, C = self.page_size, self.chunk_size
