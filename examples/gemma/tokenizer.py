@@ -69,7 +69,7 @@ class Tokenizer:
 
     def _partition(self, text: str) -> list[str | int]:
         """Text fragments and special-piece ids, in order; longer special pieces are cut first."""
-        frags: list[str | int] = [text]
+        frags: list[str | int] = [text] if text else []
         for tid in self._special:
             piece = self.pieces[tid]
             if piece not in text:

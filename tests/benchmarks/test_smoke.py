@@ -27,3 +27,9 @@ def test_bench_decode_smoke(tmp_path):
     result = run("bench_decode.py", tmp_path, "--configs", "tiny_v4")
     assert all(r["identical"] for r in result["runs"])
     assert result["runs"][0]["host_hit_tokens"] > 0
+
+
+def test_bench_gemma_chunk_smoke(tmp_path):
+    result = run("bench_gemma_chunk.py", tmp_path, "--chunks", "16,64")
+    assert [r["chunk"] for r in result["runs"]] == [16, 64]
+    assert all(r["call_ms"] > 0 and r["no_head_ms"] > 0 for r in result["runs"])

@@ -39,6 +39,7 @@ def test_highest_score_merges_first(tok):
 def test_spaces_become_the_meta_symbol_without_a_leading_one(tok):
     assert piece(tok, tok.encode("a a", add_bos=False)) == ["a", f"{S}a"]
     assert tok.encode("a") == [2] + tok.encode("a", add_bos=False)
+    assert tok.encode("") == [2] and tok.encode("", add_bos=False) == []
 
 
 def test_unknown_characters_fall_back_to_utf8_bytes(tok):
