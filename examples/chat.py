@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
-from examples.decode import identical, warm_up  # noqa: E402
+from examples.decode import identical, outcome_fields, warm_up  # noqa: E402
 from examples.gemma.conversation import EXAMPLES, MAX_TURNS, MAX_USERS, SYSTEM, USERS  # noqa: E402
 from examples.gemma.weights import find_gguf, load_gguf_model  # noqa: E402
 from examples.serving_loop import Outcome, run_cached, run_uncached  # noqa: E402
@@ -160,25 +160,16 @@ def main(argv=None) -> int:
     print(f"\nwith cache {t1 - t0:.1f} s, recompute {t2 - t1:.1f} s; bit-identical: {same}")
     if args.metrics_out:
         pathlib.Path(args.metrics_out).write_text(cache.metrics_text())
-    s = cache.stats()
     hit = [i for i, o in enumerate(cached) if o.host_hit]
-    result = {
-        "identical": same,
-        "host_hit_tokens": sum(o.host_hit for o in cached),
-        "device_hit_tokens": sum(o.device_hit for o in cached),
-        "recomputed_tokens": sum(o.computed for o in cached),
-        "no_cache_computed_tokens": sum(o.computed for o in plain),
-        "backup_bytes": sum(s.backup_bytes.values()),
-        "load_bytes": sum(s.load_bytes.values()),
-        "turns": len(cached), "users": args.users, "config": layout.model.name, "chunk": args.chunk,
-        "write_policy": args.write_policy, "generated_tokens": sum(len(o.tokens) for o in cached),
-        "ttft_ms_cache": [round(1e3 * o.ttft_s, 1) for o in cached],
-        "ttft_ms_recompute": [round(1e3 * o.ttft_s, 1) for o in plain],
-        "host_hit_per_turn": [o.host_hit for o in cached],
-        "ttft_ms_host_hit_median": round(1e3 * statistics.median(cached[i].ttft_s for i in hit), 1) if hit else None,
-        "ttft_ms_same_turns_recompute_median": round(1e3 * statistics.median(plain[i].ttft_s for i in hit), 1) if hit else None,
-        "dropped_tokens": dict(s.dropped_tokens),
-    }
+    result = outcome_fields(cache, cached, plain)
+    result.update(
+        turns=len(cached), users=args.users, config=layout.model.name, chunk=args.chunk,
+        write_policy=args.write_policy, generated_tokens=sum(len(o.tokens) for o in cached),
+        host_hit_per_turn=[o.host_hit for o in cached],
+        ttft_ms_host_hit_median=round(1e3 * statistics.median(cached[i].ttft_s for i in hit), 1) if hit else None,
+        ttft_ms_same_turns_recompute_median=round(1e3 * statistics.median(plain[i].ttft_s for i in hit), 1)
+        if hit else None,
+    )
     print(json.dumps(result))
     return 0 if same else 1
 

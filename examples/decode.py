@@ -146,23 +146,28 @@ def main(argv=None) -> int:
     print(f"\nwith cache {t1 - t0:.1f} s, recompute {t2 - t1:.1f} s; bit-identical: {same}")
     if args.metrics_out:
         pathlib.Path(args.metrics_out).write_text(cache.metrics_text())
+    result = outcome_fields(cache, with_cache, without)
+    result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
+                  host_hit_per_request=[o.host_hit for o in with_cache])
+    print(json.dumps(result))
+    return 0 if same else 1
+
+
+def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[Outcome]) -> dict:
+    """The JSON last line's common fields: identity, where prompt tokens came from, bytes moved, TTFTs."""
     s = cache.stats()
-    result = {
-        "identical": same,
+    return {
+        "identical": identical(with_cache, without),
         "host_hit_tokens": sum(o.host_hit for o in with_cache),
         "device_hit_tokens": sum(o.device_hit for o in with_cache),
         "recomputed_tokens": sum(o.computed for o in with_cache),
         "no_cache_computed_tokens": sum(o.computed for o in without),
         "backup_bytes": sum(s.backup_bytes.values()),
         "load_bytes": sum(s.load_bytes.values()),
-        "requests": args.requests, "config": layout.model.name, "write_policy": args.write_policy,
         "ttft_ms_cache": [round(1e3 * o.ttft_s, 3) for o in with_cache],
         "ttft_ms_recompute": [round(1e3 * o.ttft_s, 3) for o in without],
-        "host_hit_per_request": [o.host_hit for o in with_cache],
-        "dropped_tokens": {k: v for k, v in s.dropped_tokens.items()},
+        "dropped_tokens": dict(s.dropped_tokens),
     }
-    print(json.dumps(result))
-    return 0 if same else 1
 
 
 if __name__ == "__main__":

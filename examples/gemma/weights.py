@@ -29,7 +29,7 @@ _METADATA = {
     "feed_forward_length": "intermediate_size", "attention.head_count": "num_attention_heads",
     "attention.head_count_kv": "num_key_value_heads", "attention.key_length": "head_dim",
     "attention.value_length": "head_dim", "attention.sliding_window": "sliding_window",
-    "rope.freq_base": "rope_theta",
+    "rope.freq_base": "rope_theta", "attention.layer_norm_rms_epsilon": "rms_norm_eps",
 }
 # per-layer GGUF tensor -> (module path under the block, transposed: GGUF matrices are [out, in])
 _LAYER_TENSORS = {
