@@ -50,7 +50,7 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--host-pages", type=int, default=32, help="host pages per allocator" + d)
     ap.add_argument("--write-policy", default="write_through",
                     choices=["write_through", "write_through_selective", "write_back"], help="backup policy" + d)
-    ap.add_argument("--chunk", type=int, default=16, help="positions per forward, a divisor of 256" + d)
+    ap.add_argument("--chunk", type=int, default=32, help="positions per forward, a divisor of 256" + d)
     ap.add_argument("--max-pages", type=int, default=4, help="model context in pages" + d)
     ap.add_argument("--metrics-out", default=None, help="write the cache's Prometheus text here")
     ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call")

@@ -19,7 +19,7 @@ from examples.gemma.modules import Gemma3
 from examples.tiny_models.base import ChunkModel
 from examples.tiny_models.paged import Chunk
 
-DEFAULT_CHUNK = 16   # positions per forward; divides the 256-token page (see BENCHMARKS.md)
+DEFAULT_CHUNK = 32   # positions per forward; divides the 256-token page (see BENCHMARKS.md)
 
 
 class GemmaModel(ChunkModel):

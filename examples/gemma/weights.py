@@ -11,6 +11,7 @@ already, which is what `RMSNorm.scale` holds.
 """
 from __future__ import annotations
 
+import functools
 import pathlib
 import time
 
@@ -56,16 +57,10 @@ def find_gguf() -> pathlib.Path:
 def load_gguf_model(layout: PoolLayout, path, max_pages: int = 16, chunk_size: int = DEFAULT_CHUNK,
                     log=print) -> tuple[GemmaModel, Tokenizer]:
     """(model, tokenizer) from the GGUF file at `path`; `log` gets one line per stage."""
-    try:
-        from gguf import GGUFReader
-        from gguf.quants import dequantize
-    except ImportError:
-        raise ImportError(f"reading GGUF files needs the package gguf: {PACKAGE_HINT}") from None
+    from gguf.quants import dequantize
     path = pathlib.Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no GGUF file at {path}")
     t0 = time.perf_counter()
-    reader = GGUFReader(path)
+    reader = read_gguf(path)
     log(f"read {path.name}: {len(reader.tensors)} tensors ({time.perf_counter() - t0:.1f} s)")
     check_metadata(reader, layout)
     tokenizer = Tokenizer.from_gguf(reader)
@@ -79,9 +74,10 @@ def load_gguf_model(layout: PoolLayout, path, max_pages: int = 16, chunk_size: i
         t = tensors.pop(name)
         w = np.asarray(dequantize(t.data, t.tensor_type), np.float32)
         w = w.T if transpose else w
-        if w.shape != target.value.shape:
-            raise ValueError(f"{path.name}: tensor {name!r} has shape {w.shape}, the config says {target.value.shape}")
-        target.value = jnp.asarray(w)
+        want = target.get_value().shape          # abstract: a shape, no values yet
+        if w.shape != want:
+            raise ValueError(f"{path.name}: tensor {name!r} has shape {w.shape}, the config says {want}")
+        target.set_value(jnp.asarray(w))
 
     put("token_embd.weight", module.embed.embedding, False)
     put("output_norm.weight", module.final_norm.scale, False)
@@ -95,6 +91,19 @@ def load_gguf_model(layout: PoolLayout, path, max_pages: int = 16, chunk_size: i
         raise ValueError(f"{path.name}: tensors the model does not use: {sorted(tensors)[:5]}")
     log(f"dequantized {layout.model.name} to f32 ({time.perf_counter() - t0:.1f} s)")
     return GemmaModel(layout, module, max_pages, chunk_size), tokenizer
+
+
+@functools.cache
+def read_gguf(path: pathlib.Path):
+    """The `gguf` reader of `path`, opened once per process: parsing the metadata of a
+    262,144-entry vocabulary takes the reader 10-50 s (the tensors are memory-mapped)."""
+    try:
+        from gguf import GGUFReader
+    except ImportError:
+        raise ImportError(f"reading GGUF files needs the package gguf: {PACKAGE_HINT}") from None
+    if not path.is_file():
+        raise FileNotFoundError(f"no GGUF file at {path}")
+    return GGUFReader(path)
 
 
 def check_metadata(reader, layout: PoolLayout) -> None:

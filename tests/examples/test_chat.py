@@ -36,9 +36,9 @@ def test_chat_is_bit_identical_with_host_hits(capsys, tmp_path):
 @pytest.mark.slow
 def test_tokenizer_matches_llama_cpp_on_the_real_vocabulary():
     """Ids recorded from llama.cpp's tokenizer on the same GGUF file (see BENCHMARKS.md)."""
-    from gguf import GGUFReader
     from examples.gemma.tokenizer import Tokenizer
-    tok = Tokenizer.from_gguf(GGUFReader(gguf_path()))
+    from examples.gemma.weights import read_gguf
+    tok = Tokenizer.from_gguf(read_gguf(gguf_path()))      # the reader the chat test opened
     assert tok.encode("Hello world") == [2, 9259, 1902]
     assert tok.encode("def f(x):\n    return x * 2\n") == [2, 2063, 517, 236769, 236781, 1473, 107, 140, 2060, 1123,
                                                          808, 236743, 236778, 107]
