@@ -127,7 +127,8 @@ class Gemma3(nnx.Module):
     def __init__(self, layout: PoolLayout, rngs: nnx.Rngs):
         cfg = layout.model
         self.embed = nnx.Embed(cfg.vocab_size, cfg.hidden_size, rngs=rngs)
-        self.layers = nnx.List([Block(cfg, store, rngs) for store in kv_stores(layout)])
+        # nnx.List since flax 0.12 (which requires it); a plain list before
+        self.layers = getattr(nnx, "List", list)([Block(cfg, store, rngs) for store in kv_stores(layout)])
         self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.embed_scale = math.sqrt(cfg.hidden_size)
 

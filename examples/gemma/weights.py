@@ -74,10 +74,15 @@ def load_gguf_model(layout: PoolLayout, path, max_pages: int = 16, chunk_size: i
         t = tensors.pop(name)
         w = np.asarray(dequantize(t.data, t.tensor_type), np.float32)
         w = w.T if transpose else w
-        want = target.get_value().shape          # abstract: a shape, no values yet
+        # flax 0.12 deprecates `.value` for get_value / set_value, which older releases lack
+        new = hasattr(target, "set_value")
+        want = (target.get_value() if new else target.value).shape     # abstract: a shape, no values yet
         if w.shape != want:
             raise ValueError(f"{path.name}: tensor {name!r} has shape {w.shape}, the config says {want}")
-        target.set_value(jnp.asarray(w))
+        if new:
+            target.set_value(jnp.asarray(w))
+        else:
+            target.value = jnp.asarray(w)
 
     put("token_embd.weight", module.embed.embedding, False)
     put("output_norm.weight", module.final_norm.scale, False)

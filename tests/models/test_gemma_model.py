@@ -58,6 +58,24 @@ def test_decode_by_growing_valid_equals_prefill(model):
         assert np.array_equal(np.asarray(a[k]).view(np.uint16), np.asarray(b[k]).view(np.uint16)), k
 
 
+def test_skipping_the_head_changes_no_pool_byte(model):
+    """Prefill chunks before the last run without the head (logits=False): same program, same K/V."""
+    seq = np.random.default_rng(4).integers(0, 512, P + 20).astype(np.int32)
+    table = np.arange(MAX_PAGES, dtype=np.int32)
+    a, la = chunked(model, zeros(model), seq, 0, len(seq), table, table)
+    b = zeros(model)
+    for q in range(-(-len(seq) // C)):
+        end = min(len(seq), (q + 1) * C)
+        toks = np.zeros(C, np.int32)
+        toks[:end - q * C] = seq[q * C:end]
+        last = end == len(seq)
+        b, lg = model.forward_chunk(b, table, table, toks, q * C, end - q * C, logits=last)
+        assert (lg is None) != last
+    assert np.array_equal(bits(np.asarray(lg)), bits(la[len(seq) - 1]))
+    for k in a:
+        assert np.array_equal(np.asarray(a[k]).view(np.uint16), np.asarray(b[k]).view(np.uint16)), k
+
+
 def test_the_window_is_exactly_two_pages(model):
     """Page 3's first chunk reads SWA pages 1 and 2 (garbage there changes its logits), not page 0."""
     seq = np.random.default_rng(2).integers(0, 512, 3 * P + 10).astype(np.int32)
