@@ -67,7 +67,7 @@ if [ -z "$BUILD" ]; then
 else
   WHY="asked for"
 fi
-EXTRAS="test,bench,storage,mooncake"
+EXTRAS="test,bench,storage,mooncake,gemma"
 if [ "$BUILD" != cpu ]; then EXTRAS="$EXTRAS,$BUILD"; fi
 echo "setup.sh: installing the $BUILD build of jax ($WHY): .[$EXTRAS]"
 .venv/bin/python -m pip install -q --upgrade pip

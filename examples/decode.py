@@ -75,7 +75,7 @@ def warm_up(model, cache: hc.HiCache) -> None:
     """Compile the model's one program before anything is timed, on the cache's own pools
     (same shapes and placement). It writes page 0, which nothing holds yet."""
     z = np.zeros(model.max_pages, np.int32)
-    pools, logits = model.forward_chunk(cache.device_pools, z, z, np.zeros(model.page_size, np.int32), 0, 1)
+    pools, logits = model.forward_chunk(cache.device_pools, z, z, np.zeros(model.chunk_size, np.int32), 0, 1)
     jax.block_until_ready(logits)
     cache.set_device_pools(pools)
 
@@ -206,9 +206,18 @@ def main(argv=None) -> int:
     print(f"\nwith cache {t1 - t0:.1f} s, recompute {t2 - t1:.1f} s; bit-identical: {same}")
     if args.metrics_out:
         pathlib.Path(args.metrics_out).write_text(cache.metrics_text())
+    result = outcome_fields(cache, with_cache, without)
+    result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
+                  host_hit_per_request=[o.host_hit for o in with_cache])
+    print(json.dumps(result))
+    return 0 if same else 1
+
+
+def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[Outcome]) -> dict:
+    """The JSON last line's common fields: identity, where prompt tokens came from, bytes moved, TTFTs."""
     s = cache.stats()
-    result = {
-        "identical": same,
+    return {
+        "identical": identical(with_cache, without),
         "host_hit_tokens": sum(o.host_hit for o in with_cache),
         "storage_hit_tokens": sum(o.storage_hit for o in with_cache),
         "device_hit_tokens": sum(o.device_hit for o in with_cache),
@@ -216,12 +225,11 @@ def main(argv=None) -> int:
         "no_cache_computed_tokens": sum(o.computed for o in without),
         "backup_bytes": sum(s.backup_bytes.values()),
         "load_bytes": sum(s.load_bytes.values()),
-        "requests": args.requests, "config": layout.model.name, "write_policy": args.write_policy,
         "ttft_ms_cache": [round(1e3 * o.ttft_s, 3) for o in with_cache],
         "ttft_ms_recompute": [round(1e3 * o.ttft_s, 3) for o in without],
         "host_hit_per_request": [o.host_hit for o in with_cache],
         "storage_hit_per_request": [o.storage_hit for o in with_cache],
-        "dropped_tokens": {k: v for k, v in s.dropped_tokens.items()},
+        "dropped_tokens": dict(s.dropped_tokens),
     }
     cache.close()
     print(json.dumps(result))

@@ -1,6 +1,7 @@
-"""A minimal serving loop over a tiny model: with HiCache, and with no cache at all.
+"""A minimal serving loop over a paged model: with HiCache, and with no cache at all.
 
-One request = a prompt plus `gen` greedy tokens. Every forward is one page-aligned chunk
+One request = a prompt plus up to `gen` greedy tokens (fewer when it samples a stop
+token). Every forward is one aligned chunk of `model.chunk_size` positions
 (`model.forward_chunk`), prefill and decode alike, so each token's state is the same
 function of the token history wherever that history came from. With the cache:
 
@@ -30,6 +31,7 @@ class Outcome:
     storage_hit: int = 0                    # of those, tokens just fetched from the storage tier
     computed: int = 0                       # prompt tokens prefilled
     resume_len: int | None = None           # set when the request was preempted
+    finished: bool = False                  # `gen` tokens, or a stop token, were generated
 
 
 class PagedRequest:
@@ -39,47 +41,52 @@ class PagedRequest:
         self.model, self.pools, self.seq = model, pools, list(seq.tolist())
         self.anchor, self.swa = anchor, swa     # swa: logical page -> SWA device page
 
-    def forward(self, end: int) -> np.ndarray:
-        """Compute positions up to `end` (exclusive) of the page holding end - 1; logits of end - 1."""
-        P, m = self.model.page_size, self.model.max_pages
-        q = (end - 1) // P
-        page = np.zeros(P, np.int32)
-        chunk = self.seq[q * P:end]
-        page[:len(chunk)] = chunk
+    def forward(self, end: int, logits: bool = True) -> np.ndarray | None:
+        """Compute positions up to `end` (exclusive) of the chunk holding end - 1; logits of end - 1
+        (None when not asked for)."""
+        C, m = self.model.chunk_size, self.model.max_pages
+        q = (end - 1) // C
+        tokens = np.zeros(C, np.int32)
+        chunk = self.seq[q * C:end]
+        tokens[:len(chunk)] = chunk
         a = np.zeros(m, np.int32)
         a[:len(self.anchor)] = self.anchor
         s = np.zeros(m, np.int32)
         for k, v in self.swa.items():
             s[k] = v
-        self.pools, logits = self.model.forward_chunk(self.pools, a, s, page, q * P, end - q * P)
-        return np.asarray(logits)
+        self.pools, out = self.model.forward_chunk(self.pools, a, s, tokens, q * C, end - q * C, logits=logits)
+        return None if out is None else np.asarray(out)
 
     def prefill(self, start: int) -> np.ndarray:
         """Prefill from page-aligned `start` to the end of the sequence; the last logits."""
-        P, n = self.model.page_size, len(self.seq)
+        C, n = self.model.chunk_size, len(self.seq)
+        last = -(-n // C) - 1
         logits = None
-        for q in range(start // P, -(-n // P)):
-            logits = self.forward(min(n, (q + 1) * P))
+        for q in range(start // C, last + 1):
+            logits = self.forward(min(n, (q + 1) * C), logits=q == last)
         return logits
 
-    def decode(self, first_logits: np.ndarray, gen: int, out: Outcome, stop_after: int | None = None) -> None:
-        """Greedy tokens until `gen` in total (or `stop_after` more), extending `out`."""
+    def decode(self, first_logits: np.ndarray, gen: int, out: Outcome, stop_after: int | None = None,
+               stop_tokens: frozenset[int] = frozenset()) -> None:
+        """Greedy tokens until `gen` in total or a stop token (or `stop_after` more), extending `out`."""
         logits = first_logits
-        while len(out.tokens) < gen:
+        while not out.finished:
             tok = int(np.argmax(logits))
             out.tokens.append(tok)
             out.logits.append(logits)
             self.seq.append(tok)
-            if len(out.tokens) == gen or (stop_after is not None and len(out.tokens) >= stop_after):
+            out.finished = len(out.tokens) == gen or tok in stop_tokens
+            if out.finished or (stop_after is not None and len(out.tokens) >= stop_after):
                 return
             logits = self.forward(len(self.seq))
 
 
 def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outcome | None = None,
-               preempt_at: int | None = None) -> Outcome:
+               preempt_at: int | None = None, stop_tokens: frozenset[int] = frozenset()) -> Outcome:
     """Serve one request through `cache`. With `preempt_at`, leave after that many tokens
     (whole pages stay cached, the rest is recomputed on resume: `out.resume_len`)."""
     P = model.page_size
+    swa_alloc = cache.swa_allocator
     out = out or Outcome([], [], 0.0)
     seq = np.concatenate([prompt, np.asarray(out.tokens, np.int32)]).astype(np.int32)
     t0 = time.perf_counter()
@@ -90,7 +97,6 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     out.host_hit += prefix.host_tokens
     out.storage_hit += prefix.storage_tokens
     first, total = usable // P, -(-(len(prompt) + gen) // P)
-    swa_alloc = cache.swa_allocator
     grant = cache.alloc(total - first, total - first if swa_alloc else 0)
     if grant is None:
         raise RuntimeError(f"device pool too small for a request of {total} pages")
@@ -104,14 +110,14 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     if not out.ttft_s:
         jax.block_until_ready(req.pools)
         out.ttft_s = time.perf_counter() - t0
-    req.decode(logits, gen, out, stop_after=preempt_at)
+    req.decode(logits, gen, out, stop_after=preempt_at, stop_tokens=stop_tokens)
     cache.set_device_pools(req.pools)
     n = len(req.seq) - 1          # the last token was sampled, not yet computed
     whole = n // P
     # the tree keeps the SWA page of every whole page computed here (any of them may become
     # a prefix boundary); under SWA pressure it drops the least recently used ones
     keep = {q: swa[q] for q in range(first, whole)} if swa_alloc else {}
-    if len(out.tokens) < gen:
+    if not out.finished:
         out.resume_len = cache.retract(req.seq[:n], req.anchor[:-(-n // P)], keep)
         extra_pages = req.anchor[-(-n // P):]
     else:
@@ -127,7 +133,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     return out
 
 
-def run_uncached(model, pools, prompt: np.ndarray, gen: int):
+def run_uncached(model, pools, prompt: np.ndarray, gen: int, stop_tokens: frozenset[int] = frozenset()):
     """The same request with no cache: every prompt token is recomputed. Returns (pools, Outcome)."""
     P = model.page_size
     n_pages = -(-(len(prompt) + gen) // P)
@@ -137,5 +143,5 @@ def run_uncached(model, pools, prompt: np.ndarray, gen: int):
     logits = req.prefill(0)
     jax.block_until_ready(req.pools)
     out = Outcome([], [], time.perf_counter() - t0, computed=len(prompt))
-    req.decode(logits, gen, out)
+    req.decode(logits, gen, out, stop_tokens=stop_tokens)
     return req.pools, out

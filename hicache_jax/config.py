@@ -16,7 +16,7 @@ from typing import Any
 
 from hicache_jax import validate
 
-MODEL_TYPES = ("deepseek_v4", "deepseek_v41", "gqa")
+MODEL_TYPES = ("deepseek_v4", "deepseek_v41", "gqa", "gemma3_text")
 KV_LAYOUTS = ("v4", "v41", "unified")
 INDEXER_DTYPES = ("fp8", "fp4")
 KV_DTYPES = ("bfloat16", "float16", "float32")
@@ -27,7 +27,7 @@ class ModelConfig:
     """Shapes of one model plus the cache-relevant deployment choices.
 
     DeepSeek fields are ignored by the GQA family and vice versa; `validate` checks that
-    each family has what it needs.
+    each family has what it needs (the layout builders check the rest).
     """
 
     model_type: str
@@ -50,8 +50,16 @@ class ModelConfig:
     index_source_layers: tuple[int, ...] | None = None
     kv_layout: str = "v4"              # "v4" (H100/H200) | "v41" (SM100) | "unified" (ROCm)
     indexer_dtype: str = "fp8"         # V4 ratio-4 indexer; V4.1 low-ratio indexers are fp4
-    # GQA
+    # GQA and Gemma 3
     kv_dtype: str = "bfloat16"
+    # Gemma 3 (hybrid attention): "sliding_attention" | "full_attention" per layer, and what
+    # a model needs beyond the cache's shapes
+    layer_types: tuple[str, ...] | None = None
+    intermediate_size: int = 0
+    rope_theta: float = 10000.0         # global (full-attention) layers
+    rope_local_base_freq: float = 10000.0  # sliding-window layers
+    query_pre_attn_scalar: int = 0      # attention scale = query_pre_attn_scalar ** -0.5
+    rms_norm_eps: float = 1e-6
 
     @property
     def is_deepseek(self) -> bool:
@@ -95,13 +103,15 @@ _REQUIRED = [n for n, f in _FIELDS.items() if f.default is dataclasses.MISSING]
 _INT_FIELDS = {
     "num_hidden_layers", "num_key_value_heads", "head_dim", "hidden_size", "num_attention_heads",
     "vocab_size", "page_size", "sliding_window", "qk_rope_head_dim", "index_n_heads",
-    "index_head_dim", "index_topk",
+    "index_head_dim", "index_topk", "intermediate_size", "query_pre_attn_scalar",
 }
 _INT_LIST_FIELDS = {"compress_ratios", "kv_source_layers", "index_source_layers"}
 _STR_FIELDS = {"model_type", "name", "kv_layout", "indexer_dtype", "kv_dtype"}
-_NULLABLE = {"sliding_window", "kv_source_layers", "index_source_layers"}
+_STR_LIST_FIELDS = {"layer_types"}
+_FLOAT_FIELDS = {"rope_theta", "rope_local_base_freq", "rms_norm_eps"}
+_NULLABLE = {"sliding_window", "kv_source_layers", "index_source_layers", "layer_types"}
 # Keys of public config.json files that do not affect the cache: accepted and ignored.
-_IGNORED = {"architectures", "torch_dtype", "rope_theta", "max_position_embeddings", "_comment"}
+_IGNORED = {"architectures", "torch_dtype", "max_position_embeddings", "_comment"}
 
 
 def model_config_from_dict(raw: dict[str, Any]) -> ModelConfig:
@@ -153,6 +163,14 @@ def _typed(key: str, value: Any) -> Any:
         if not isinstance(value, str):
             raise ValueError(f"config field '{key}' must be a string, got {value!r}")
         return value
+    if key in _STR_LIST_FIELDS:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"config field '{key}' must be a list of strings, got {value!r}")
+        return tuple(value)
+    if key in _FLOAT_FIELDS:
+        if not (_is_int(value) or isinstance(value, float)):
+            raise ValueError(f"config field '{key}' must be a number, got {value!r}")
+        return float(value)
     raise AssertionError(f"bug: config field '{key}' has no type rule")
 
 

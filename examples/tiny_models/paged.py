@@ -21,25 +21,30 @@ from hicache_jax.layout import PoolLayout, PoolSpec
 
 @dataclasses.dataclass(frozen=True)
 class Chunk:
-    """One page-aligned chunk: positions `start .. start + page_size - 1`, the first `valid` real.
+    """One aligned chunk of `rows` positions `start .. start + rows - 1`, the first `valid` real.
 
-    Built inside the traced forward; every field is a traced array.
+    `rows` divides the page size, so a chunk lies inside one page (the tiny models use
+    whole pages: rows = page_size, offset 0). Built inside the traced forward; every
+    field is a traced array.
     """
 
     page: jax.Array           # i32[]: logical page index, start // page_size
-    start: jax.Array          # i32[]: first position of the page
-    valid: jax.Array          # i32[]: real rows, 1..page_size
-    pos: jax.Array            # i32[page_size]: absolute position of each row
-    row_valid: jax.Array      # bool[page_size]
+    start: jax.Array          # i32[]: first position of the chunk
+    valid: jax.Array          # i32[]: real rows, 1..rows
+    pos: jax.Array            # i32[rows]: absolute position of each row
+    row_valid: jax.Array      # bool[rows]
     anchor_pages: jax.Array   # i32[max_pages]: logical page -> anchor device page
     swa_pages: jax.Array      # i32[max_pages]: logical page -> SWA device page
     has_prev: jax.Array       # bool[]: a previous page exists (page >= 1)
+    offset: jax.Array         # i32[]: row of the page where the chunk starts, start - page * page_size
 
     @staticmethod
-    def make(page_size: int, anchor_pages, swa_pages, start, valid) -> "Chunk":
+    def make(page_size: int, anchor_pages, swa_pages, start, valid, rows: int | None = None) -> "Chunk":
+        rows = page_size if rows is None else rows
         page = start // page_size
-        pos = start + jnp.arange(page_size, dtype=jnp.int32)
-        return Chunk(page, start, valid, pos, jnp.arange(page_size) < valid, anchor_pages, swa_pages, page >= 1)
+        pos = start + jnp.arange(rows, dtype=jnp.int32)
+        return Chunk(page, start, valid, pos, jnp.arange(rows) < valid, anchor_pages, swa_pages, page >= 1,
+                     start - page * page_size)
 
     @property
     def anchor_page(self):  # i32[]: device page written in anchor-indexed pools

@@ -4,6 +4,7 @@ from __future__ import annotations
 from hicache_jax.config import ModelConfig
 from hicache_jax.layout.deepseek import build_deepseek_layout
 from hicache_jax.layout.formats import ByteFormat
+from hicache_jax.layout.gemma import build_gemma_layout
 from hicache_jax.layout.gqa import build_gqa_layout
 from hicache_jax.layout.names import UNREGISTERED, HitPolicy, Placement, PoolKind, PoolName
 from hicache_jax.layout.pool import LayerInfo, PoolLayout, PoolSpec
@@ -16,6 +17,8 @@ def build_layout(cfg: ModelConfig) -> PoolLayout:
     cfg.validate()
     if cfg.is_deepseek:
         return build_deepseek_layout(cfg)
+    if cfg.model_type == "gemma3_text":
+        return build_gemma_layout(cfg)
     return build_gqa_layout(cfg)
 
 

@@ -37,8 +37,10 @@ def sizing(layout: PoolLayout, tokens: int, prefixes: int | None) -> str:
              f"  global KV (kv-derived pools): {_size(global_bytes)}  ({layout.bytes_per_token():,.2f} B/token)"]
     swa = layout.swa_pool
     if swa is not None:
-        per_prefix = layout.window_pages() * layout.page_bytes_of(swa.name)
-        lines.append(f"  window state per cached prefix end (swa + state pools, {layout.window_pages()} page): "
+        wp = layout.window_pages()
+        per_prefix = wp * layout.page_bytes_of(swa.name)
+        window_pools = " + ".join(q.name for q in layout.moving_with(swa.name))
+        lines.append(f"  window state per cached prefix end ({window_pools}; {wp} page{'s' * (wp > 1)}): "
                      f"{_size(per_prefix)}  ({layout.window_bytes_per_token():,.2f} B/window token)")
         if prefixes is not None:
             lines.append(f"  total with {prefixes:,} prefix ends: {_size(global_bytes + prefixes * per_prefix)}")
@@ -48,6 +50,12 @@ def sizing(layout: PoolLayout, tokens: int, prefixes: int | None) -> str:
 
 def _indexer(cfg) -> str:
     return "fp4 (low-ratio)" if cfg.model_type == "deepseek_v41" else cfg.indexer_dtype
+
+
+def _kinds(layout: PoolLayout) -> str:
+    """How many layers attend to the window only and how many to every token (hybrid models)."""
+    local = sum(info.ratio == 0 for info in layout.layers)
+    return f" ({local} sliding-window, {len(layout.layers) - local} global)" if layout.model.layer_types else ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     m = cfg
-    print(f"{m.name or args.config}: {m.model_type}, {m.num_hidden_layers} layers, page {m.page_size} tokens"
+    print(f"{m.name or args.config}: {m.model_type}, {m.num_hidden_layers} layers{_kinds(layout)}, page {m.page_size} tokens"
           + (f", window {m.sliding_window}" if m.sliding_window else "")
           + (f", kv_layout {m.kv_layout}, indexer {_indexer(m)}" if m.is_deepseek else f", {m.kv_dtype} K/V"))
     print()

@@ -9,7 +9,7 @@ import enum
 
 
 class PoolName(enum.StrEnum):
-    """Every pool name the DeepSeek V4/V4.1 HiCache path knows.
+    """Every pool name the HiCache paths know (DeepSeek V4/V4.1, GQA, Gemma 3).
 
     Not all are registered on every path: see `UNREGISTERED` for the names that exist but
     never get storage here (ROCm unified-KV rope pools, the never-needed C128 state, and
@@ -40,6 +40,10 @@ class PoolName(enum.StrEnum):
     DRAFT_SWA = "draft_swa"
     # plain attention models: the K/V bytes ride on the anchor's slots
     GQA_KV = "gqa_kv"
+    # Gemma 3 hybrid attention: full-attention layers' K/V ride on the anchor's slots,
+    # sliding-window layers' K/V live in their own window-resident pool
+    GEMMA3_GLOBAL_KV = "gemma3_global_kv"
+    GEMMA3_SWA_KV = "gemma3_swa_kv"
 
 
 # Names that exist but are never registered by `build_layout`, with the reason.

@@ -55,3 +55,9 @@ def test_bench_api_smoke(tmp_path):
     assert {r["pages"] for r in result["runs"]} == {1, 4}
     for r in result["runs"]:
         assert r["exact"] and r["acquire"]["ms"] > 0 and r["load_back"]["contiguous_ms"] > 0
+
+
+def test_bench_gemma_chunk_smoke(tmp_path):
+    result = run("bench_gemma_chunk.py", tmp_path, "--chunks", "16,64")
+    assert [r["chunk"] for r in result["runs"]] == [16, 64]
+    assert all(r["call_ms"] > 0 and r["no_head_ms"] > 0 for r in result["runs"])

@@ -15,8 +15,8 @@ def layout(name: str):
 def core(name="tiny_v4", dev=8, host=16, swa_dev=8, swa_host=16, **kw) -> TreeCore:
     lay = layout(name)
     dpages, hpages = {"kv": dev}, {"kv": host}
-    if lay.swa_pool is not None:
-        dpages["swa"], hpages["swa"] = swa_dev, swa_host
+    if lay.swa_pool is not None:     # "swa" (DeepSeek) or "gemma3_swa_kv": the layout names it
+        dpages[lay.swa_pool.name], hpages[lay.swa_pool.name] = swa_dev, swa_host
     return TreeCore(lay, device_pages=dpages, host_pages=hpages, **kw)
 
 
@@ -30,13 +30,13 @@ def put(c: TreeCore, tokens: np.ndarray, swa_last: int = 1):
     n = len(tokens) // P
     need = {"kv": n}
     if swa_of(c) is not None:
-        need["swa"] = min(swa_last, n)
+        need[swa_of(c)] = min(swa_last, n)
     got = c.alloc_device(need)
     assert got is not None
     swa = {}
     if swa_of(c) is not None:
-        swa = {n - len(got["swa"]) + i: int(p) for i, p in enumerate(got["swa"])}
-    res = c.insert(tokens, got["kv"], {"swa": swa} if swa else None)
+        swa = {n - len(got[swa_of(c)]) + i: int(p) for i, p in enumerate(got[swa_of(c)])}
+    res = c.insert(tokens, got["kv"], {swa_of(c): swa} if swa else None)
     c.check_invariants()
     return res, got
 
@@ -47,16 +47,16 @@ def query(tokens: np.ndarray) -> np.ndarray:
 
 
 def swa_of(c: TreeCore) -> str | None:
-    """The SWA allocator of `c`'s layout, or None."""
-    return "swa" if "swa" in c.components.names else None
+    """The sliding-window allocator of `c`'s layout ("swa", "gemma3_swa_kv", ...), or None."""
+    return c.components.windows[0].name if c.components.windows else None
 
 
 def evict_device(c: TreeCore, pages: int, swa: int = 0):
-    return c.evict_device({"kv": pages, **({"swa": swa} if swa_of(c) else {})})
+    return c.evict_device({"kv": pages, **({swa_of(c): swa} if swa_of(c) else {})})
 
 
 def evict_host(c: TreeCore, pages: int, swa: int = 0) -> int:
-    return c.evict_host({"kv": pages, **({"swa": swa} if swa_of(c) else {})})
+    return c.evict_host({"kv": pages, **({swa_of(c): swa} if swa_of(c) else {})})
 
 
 def device_allocs(c: TreeCore):

@@ -60,7 +60,7 @@ def test_caller_mistakes_raise_value_error():
     pools = rec.pools_after[-1]
     toks = np.zeros(H.PAGE, np.int32)
     args = (rec.anchor, rec.swa, toks)
-    with pytest.raises(ValueError, match="multiple of page_size 256, got 100"):
+    with pytest.raises(ValueError, match="multiple of chunk_size 256, got 100"):
         m.forward_chunk(pools, *args, 100, 1)
     with pytest.raises(ValueError, match=r"valid must be in 1\.\.256, got 0"):
         m.forward_chunk(pools, *args, 0, 0)
