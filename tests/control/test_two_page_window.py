@@ -15,7 +15,7 @@ SWA = "gemma3_swa_kv"
 
 def gemma(**kw):
     c = core("tiny_gemma3", **kw)
-    assert c.swa == SWA and c.window_pages == 2
+    assert [(w.name, w.window_pages) for w in c.components.windows] == [(SWA, 2)]
     return c
 
 
@@ -24,7 +24,7 @@ def put(c, tokens, swa_on):
     n = len(tokens) // P
     got = c.alloc_device({"kv": n, SWA: len(swa_on)})
     swa = dict(zip(sorted(swa_on), got[SWA].tolist()))
-    res = c.insert(tokens, got["kv"], swa)
+    res = c.insert(tokens, got["kv"], {SWA: swa})
     c.check_invariants()
     return res, swa
 
@@ -32,7 +32,7 @@ def put(c, tokens, swa_on):
 def to_host(c, pages):
     """Land the queued backups, then evict `pages` device pages (LRU leaves first)."""
     c.ack_backup(c.take_backup_batch().ack_id)
-    c.evict_device(pages)
+    c.evict_device({"kv": pages})
     c.check_invariants()
 
 
@@ -71,11 +71,11 @@ def test_host_stop_point_loads_both_window_pages():
     job = c.start_load(m)
     assert isinstance(job, LoadJob) and job.loaded_tokens == 4 * P
     assert job.plan.num_pages("kv") == 4 and job.plan.num_pages(SWA) == 2
-    assert job.swa_pages.size == 2 and len(set(job.swa_pages.tolist())) == 2
+    assert job.window_pages[SWA].size == 2 and len(set(job.window_pages[SWA].tolist())) == 2
     c.check_invariants()
     c.finish_load(job.load_id)
     m = c.match_prefix(query(seq(1, 2, 3, 4)))
-    assert m.device_len == 4 * P and m.swa_pages.tolist() == job.swa_pages.tolist()
+    assert m.device_len == 4 * P and m.swa_pages.tolist() == job.window_pages[SWA].tolist()
     c.check_invariants()
 
 
@@ -102,10 +102,10 @@ def test_window_split_across_tiers_loads_only_the_missing_page():
     assert (m.device_len, m.host_len) == (3 * P, P)          # window of 4 = page 2 (device) + page 3 (host)
     job = c.start_load(m)
     assert job.plan.num_pages("kv") == 1 and job.plan.num_pages(SWA) == 1
-    assert job.swa_pages.tolist()[0] == swa_a[2]             # the device half is reused, not copied
+    assert job.window_pages[SWA].tolist()[0] == swa_a[2]             # the device half is reused, not copied
     c.finish_load(job.load_id)
     m = c.match_prefix(query(seq(1, 2, 3, 4)))
-    assert m.device_len == 4 * P and m.swa_pages.tolist() == job.swa_pages.tolist()
+    assert m.device_len == 4 * P and m.swa_pages.tolist() == job.window_pages[SWA].tolist()
     c.check_invariants()
 
 
@@ -115,7 +115,7 @@ def test_a_tombstoned_window_page_without_host_copy_shortens_the_match():
     put(c, seq(1, 2, 3, 4), {3})
     c.match_prefix(query(seq(1, 2, 3, 4, 5)))                # both nodes recently used ...
     c.match_prefix(query(seq(1, 2, 3)))                      # ... node A (pages 0-2) most recently
-    res = c.evict_device(0, swa_pages=1)                     # SWA pressure tombstones node B's page 3
+    res = c.evict_device({"kv": 0, SWA: 1})                   # SWA pressure tombstones node B's page 3
     assert res.swa_pages == 1
     c.check_invariants()
     m = c.match_prefix(query(seq(1, 2, 3, 4)))
