@@ -29,7 +29,7 @@ from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, che
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.plan_check import check_plan
-from hicache_jax.transfer.programs import AllocatorPrograms
+from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
 log = logging.getLogger("hicache_jax.transfer")
 
@@ -153,7 +153,7 @@ class TransferEngine:
                             *self._staged(progs, pages, groups, True), *self._staged(progs, pages, groups, False)):
                     todo[(progs.fmt.allocator, key)] = progs
                 pages *= 2
-            for key in (("read_rows", 0), ("write_rows", 0)):
+            for key in ((Program.READ_ROWS, 0), (Program.WRITE_ROWS, 0)):
                 todo[(progs.fmt.allocator, key)] = progs
         for (_, key), progs in todo.items():
             progs.compiled(*key)
@@ -166,7 +166,7 @@ class TransferEngine:
         progs, pages = self._allocator(allocator), self._host_pages(allocator, host_pages)
         out = np.empty((pages.size, progs.fmt.row_elems), progs.dtype)
         for offset, start, log2 in _pieces(pages):
-            rows = progs.compiled("read_rows", log2)(self.host.buffers[allocator], np.array([start], np.int32))
+            rows = progs.compiled(Program.READ_ROWS, log2)(self.host.buffers[allocator], np.array([start], np.int32))
             out[offset:offset + (1 << log2)] = np.asarray(rows)
         return out
 
@@ -179,7 +179,7 @@ class TransferEngine:
                              f"{progs.dtype}[{pages.size}, {progs.fmt.row_elems}], got {rows.dtype}{list(rows.shape)}")
         for offset, start, log2 in _pieces(pages):
             block = jax.device_put(rows[offset:offset + (1 << log2)], progs.staging_sharding)
-            self.host.buffers[allocator] = progs.compiled("write_rows", log2)(
+            self.host.buffers[allocator] = progs.compiled(Program.WRITE_ROWS, log2)(
                 self.host.buffers[allocator], block, np.array([start], np.int32))
 
     def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
@@ -217,14 +217,15 @@ class TransferEngine:
 
     def _run_key(self, pages: int, backup: bool) -> tuple:
         """Program key of a fused chunk of `pages` pages (one whole host run)."""
-        return ("backup_run" if backup else "load_run", pages, min(self._parts, pages))
+        return (Program.BACKUP_RUN if backup else Program.LOAD_RUN, pages, min(self._parts, pages))
 
     @staticmethod
     def _staged(progs: AllocatorPrograms, pages: int, groups: list[tuple[int, int]], backup: bool) -> list[tuple]:
         """Program keys of a staging-path chunk padded to `pages`, piece groups `(log2 rows, count)`."""
         if backup:
-            return [("pack", pages), *(("d2h", *g) for g in groups)]
-        return [*(("h2d", *g) for g in groups), *([("take", pages)] if progs.broadcast_load else []), ("unpack", pages)]
+            return [(Program.PACK, pages), *((Program.D2H, *g) for g in groups)]
+        return [*((Program.H2D, *g) for g in groups), *([(Program.TAKE, pages)] if progs.broadcast_load else []),
+                (Program.UNPACK, pages)]
 
     def _backup(self, progs: AllocatorPrograms, parts, pools) -> jax.Array:
         a = progs.fmt.allocator
@@ -240,9 +241,9 @@ class TransferEngine:
                 run = progs.compiled(*self._run_key(pages, True))
                 self.host.buffers[a], token = run(self.host.buffers[a], args, _where(part, start))
                 continue
-            self._staging[a] = progs.compiled("pack", pages)(args, part.device_pages, self._staging_buffer(progs))
+            self._staging[a] = progs.compiled(Program.PACK, pages)(args, part.device_pages, self._staging_buffer(progs))
             for g in part.groups:
-                d2h = progs.compiled("d2h", g.log2_rows, len(g.staging_rows))
+                d2h = progs.compiled(Program.D2H, g.log2_rows, len(g.staging_rows))
                 self.host.buffers[a], token = d2h(self.host.buffers[a], self._staging[a], g.staging_rows, g.host_rows)
         return token
 
@@ -259,12 +260,12 @@ class TransferEngine:
                 out.update(zip(names, new))
                 continue
             for g in part.groups:
-                h2d = progs.compiled("h2d", g.log2_rows, len(g.staging_rows))
+                h2d = progs.compiled(Program.H2D, g.log2_rows, len(g.staging_rows))
                 self._staging[a] = h2d(self._staging_buffer(progs), self.host.buffers[a], g.host_rows, g.staging_rows)
             rows = self._staging[a]
             if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
-                rows = jax.device_put(progs.compiled("take", pages)(rows), self.devices.replicated())
-            new, token = progs.compiled("unpack", pages)(pools, rows, part.device_pages)
+                rows = jax.device_put(progs.compiled(Program.TAKE, pages)(rows), self.devices.replicated())
+            new, token = progs.compiled(Program.UNPACK, pages)(pools, rows, part.device_pages)
             out.update(zip(names, new))
         return token
 

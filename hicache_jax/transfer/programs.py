@@ -25,6 +25,7 @@ unpacks its own copy (so they always take the staging path on load).
 """
 from __future__ import annotations
 
+import enum
 import functools
 from collections.abc import Callable
 
@@ -37,6 +38,20 @@ from hicache_jax.pools import HOST_MEMORY, ROW_ALIGN_BYTES, TP_AXIS, Devices, Ho
 from hicache_jax.transfer.host_check import host_compute_violations
 
 _HOST, _DEVICE = jax.memory.Space.Host, jax.memory.Space.Device
+
+
+class Program(enum.StrEnum):
+    """The transfer programs of one allocator; each is compiled once per static shape key."""
+
+    BACKUP_RUN = "backup_run"   # (pages, parts): one whole host run, pack + copy to host
+    LOAD_RUN = "load_run"       # (pages, parts): one whole host run, copy to device + unpack
+    PACK = "pack"               # (pages,): gather into the staging buffer
+    UNPACK = "unpack"           # (pages,): scatter the staging rows into the pools
+    TAKE = "take"               # (pages,): the first staging rows, to broadcast them
+    D2H = "d2h"                 # (log2 rows, pieces): staging -> host pieces
+    H2D = "h2d"                 # (log2 rows, pieces): host pieces -> staging
+    READ_ROWS = "read_rows"     # (log2 rows,): host rows read back (L3, tests)
+    WRITE_ROWS = "write_rows"   # (log2 rows,): host rows overwritten (L3, tests)
 
 
 class AllocatorPrograms:
@@ -70,15 +85,16 @@ class AllocatorPrograms:
         self._cache: dict[tuple, jax.stages.Compiled] = {}
         self.jaxprs: dict[str, object] = {}
 
-    def compiled(self, name: str, *key: int) -> jax.stages.Compiled:
+    def compiled(self, name: Program, *key: int) -> jax.stages.Compiled:
         """The compiled program `name` for static shape `key`, compiling it on first use.
 
         Raises RuntimeError (a bug) if the program would compute on a host-memory value.
         """
+        name = Program(name)
         full = (name, *key)
         program = self._cache.get(full)
         if program is None:
-            fn, args, donate, outs = getattr(self, f"_{name}")(*key)
+            fn, args, donate, outs = _BUILDERS[name](self, *key)
             ins = tuple(jax.tree.map(lambda a: a.sharding, args))
             traced = jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=donate).trace(*args)
             label = f"{self.fmt.allocator}:{name}{list(key)}"
@@ -203,3 +219,11 @@ class AllocatorPrograms:
             return jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(rows, _HOST), start[0], 0)
         args = (self._host_buffer(), self._staging_spec(1 << log2_rows), self._index(1))
         return write_rows, args, (0,), self.host_sharding
+
+
+_BUILDERS = {
+    Program.BACKUP_RUN: AllocatorPrograms._backup_run, Program.LOAD_RUN: AllocatorPrograms._load_run,
+    Program.PACK: AllocatorPrograms._pack, Program.UNPACK: AllocatorPrograms._unpack,
+    Program.TAKE: AllocatorPrograms._take, Program.D2H: AllocatorPrograms._d2h, Program.H2D: AllocatorPrograms._h2d,
+    Program.READ_ROWS: AllocatorPrograms._read_rows, Program.WRITE_ROWS: AllocatorPrograms._write_rows,
+}
