@@ -38,7 +38,11 @@ from pallas_kernels.indices import PAD
 from pallas_kernels.row_layout import RowLayout
 
 SMEM_BYTES_PER_CTA = 96 << 10   # two CTAs fit on one SM (227 KiB of shared memory on Hopper)
-CTAS_PER_SM = 2
+# One CTA per SM: in one H200 run (jax 0.12.0.1) it beat two per SM at the batch sizes the
+# engine issues (a chunk's part: <= 256 kv or 32 SWA pages): unpack 1938 vs 1436 GB/s at
+# 256 kv pages, 2389 vs 1906 at 64 SWA pages, pack 1788 vs 1621; two per SM were ahead
+# only at unpacking 4096 pages at once (3102 vs 2897), which the engine never does.
+CTAS_PER_SM = 1
 MAX_SLOTS = 16
 LAG = 2                          # stores allowed to be still reading their slot
 INTERPRET_CTAS = 3               # interpreted runs: a few CTAs still exercise the dealing
