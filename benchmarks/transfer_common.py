@@ -13,7 +13,6 @@ import numpy as np
 import jax
 import jax.numpy as jnp
 
-import pallas_kernels as pk
 from hicache_jax.plan import make_plan
 from hicache_jax.transfer import TransferEngine
 

@@ -207,8 +207,8 @@ def main(argv=None) -> int:
     if args.metrics_out:
         pathlib.Path(args.metrics_out).write_text(cache.metrics_text())
     result = outcome_fields(cache, with_cache, without)
-    result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
-                  host_hit_per_request=[o.host_hit for o in with_cache])
+    result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy)
+    cache.close()
     print(json.dumps(result))
     return 0 if same else 1
 
@@ -231,9 +231,6 @@ def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[O
         "storage_hit_per_request": [o.storage_hit for o in with_cache],
         "dropped_tokens": dict(s.dropped_tokens),
     }
-    cache.close()
-    print(json.dumps(result))
-    return 0 if same else 1
 
 
 if __name__ == "__main__":

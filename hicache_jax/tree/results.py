@@ -10,7 +10,6 @@ import numpy as np
 
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.tree.node import NodeId
-from hicache_jax.tree.state import Tier
 
 AckId = NewType("AckId", int)     # one merged backup transfer
 LoadId = NewType("LoadId", int)   # one load-back
@@ -79,9 +78,6 @@ class TreeStats:
     loads_failed: int = 0
     backups_failed: int = 0
     backups_without_room: int = 0     # commits the host had no room for
-
-    def evicted_tokens(self, tier: Tier) -> int:
-        return self.evicted[tier]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
