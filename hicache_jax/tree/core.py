@@ -220,7 +220,7 @@ class TreeCore:
         out, stack = [], list(self.tree.root.children.values())
         while stack:
             n = stack.pop()
-            if self._fill.host_copy(n) is not None:
+            if self._fill.has_host_copy(n):
                 out.append(n.id)
                 stack.extend(n.children.values())
         return out

@@ -141,9 +141,14 @@ class HostFill:
             self._candidates.offer(parent)
         return (first, end) if node is not None else (end, end)
 
+    @staticmethod
+    def has_host_copy(node: Node) -> bool:
+        """`node`'s host copy is durable (landed, and no write to it is pending)."""
+        return node.state in HOST_DURABLE and node.write_id is None
+
     def host_copy(self, node: Node) -> HostCopy | None:
         """`node`'s durable host copy (None when it has none)."""
-        if node.state not in HOST_DURABLE or node.write_id is not None:
+        if not self.has_host_copy(node):
             return None
         tokens = np.concatenate([n.tokens for n in reversed(list(node.path_to_root()))])
         first = len(tokens) // self._page - len(node.tokens) // self._page
