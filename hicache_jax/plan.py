@@ -124,13 +124,32 @@ def make_plan(
         host = _as_pages(pages[allocator][1], f"{allocator} host pages")
         if dev.shape != host.shape:
             raise ValueError(f"{allocator}: {dev.size} device pages but {host.size} host pages")
-        _check_unique_in_range(dev, f"{allocator} device pages", (device_capacity or {}).get(allocator))
-        _check_unique_in_range(host, f"{allocator} host pages", (host_capacity or {}).get(allocator))
         order = np.argsort(host, kind="stable")
         dev, host = dev[order], host[order]
+        _check_unique_in_range(np.sort(dev), f"{allocator} device pages", (device_capacity or {}).get(allocator))
+        _check_unique_in_range(host, f"{allocator} host pages", (host_capacity or {}).get(allocator))
         pools = tuple(p.name for p in layout.moving_with(spec.name))
         batches.append(PageBatch(allocator, pools, dev, host, coalesce(host)))
     return TransferPlan(direction, tuple(batches))
+
+
+def split_plan(plan: TransferPlan, layout: PoolLayout, max_bytes: int) -> list[TransferPlan]:
+    """`plan` cut into plans of at most `max_bytes` each (at least one page each), one
+    allocator per piece, in plan order (host pages ascending); `[plan]` if it fits."""
+    if max_bytes < 1:
+        raise ValueError(f"max_bytes must be >= 1, got {max_bytes}")
+    if plan.nbytes(layout) <= max_bytes:
+        return [plan]
+    pieces = []
+    for b in plan.batches:
+        if b.num_pages == 0:
+            continue
+        per_page = sum(layout.pool(n).num_layers * layout.pool(n).page_bytes for n in b.pools)
+        step = max(1, max_bytes // per_page) if per_page else b.num_pages
+        for lo in range(0, b.num_pages, step):
+            dev, host = b.device_pages[lo:lo + step], b.host_pages[lo:lo + step]
+            pieces.append(TransferPlan(plan.direction, (PageBatch(b.allocator, b.pools, dev, host, coalesce(host)),)))
+    return pieces
 
 
 def _allocator_spec(layout: PoolLayout, allocator: str) -> PoolSpec:
@@ -145,7 +164,7 @@ def _allocator_spec(layout: PoolLayout, allocator: str) -> PoolSpec:
 
 
 def _as_pages(values: Iterable[int], what: str) -> np.ndarray:
-    arr = np.asarray(list(values) if not isinstance(values, np.ndarray) else values)
+    arr = values if isinstance(values, np.ndarray) else np.asarray(list(values))
     if arr.size == 0:
         return np.zeros((0,), np.int32)
     if arr.ndim != 1 or not np.issubdtype(arr.dtype, np.integer):
@@ -155,9 +174,11 @@ def _as_pages(values: Iterable[int], what: str) -> np.ndarray:
     return arr.astype(np.int32)
 
 
-def _check_unique_in_range(arr: np.ndarray, what: str, capacity: int | None) -> None:
-    if arr.size and np.unique(arr).size != arr.size:
-        values, counts = np.unique(arr, return_counts=True)
-        raise ValueError(f"{what} repeat: {values[counts > 1].tolist()}")
-    if capacity is not None and arr.size and arr.max() >= capacity:
-        raise ValueError(f"{what} {arr[arr >= capacity].tolist()} outside 0..{capacity - 1}")
+def _check_unique_in_range(ascending: np.ndarray, what: str, capacity: int | None) -> None:
+    """`ascending`: the pages, sorted (a sort is needed anyway; np.unique would sort again)."""
+    if ascending.size > 1:
+        repeats = ascending[1:][ascending[1:] == ascending[:-1]]
+        if repeats.size:
+            raise ValueError(f"{what} repeat: {np.unique(repeats).tolist()}")
+    if capacity is not None and ascending.size and ascending[-1] >= capacity:
+        raise ValueError(f"{what} {ascending[ascending >= capacity].tolist()} outside 0..{capacity - 1}")

@@ -29,7 +29,7 @@ from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, che
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.plan_check import check_plan
-from hicache_jax.transfer.programs import AllocatorPrograms, Program
+from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program
 
 log = logging.getLogger("hicache_jax.transfer")
 
@@ -86,6 +86,7 @@ class TransferEngine:
                                  lambda a=a: self.host.buffers[a], chunk_pages[a], self.kernels, block_bytes)
             for a, fmt in self.host.formats.items()
         }
+        self._plan_programs = PlanPrograms(self._programs)
         self._staging: dict[str, jax.Array] = {}
 
     # -- device pools ----------------------------------------------------------------------
@@ -119,15 +120,23 @@ class TransferEngine:
             if progs is None or batch.num_pages == 0:
                 continue
             runs = [(r.offset, r.host_start, r.length) for r in batch.host_runs]
-            parts = chunking.split(np.asarray(batch.device_pages, np.int32), runs, progs.chunk_pages)
-            for part in parts:  # compile before anything moves: a compile error leaves both tiers as they were
-                self._compile(progs, part, backup)
-            work.append((progs, parts))
+            work.append((progs, chunking.split(np.asarray(batch.device_pages, np.int32), runs, progs.chunk_pages)))
+        # compile before anything moves: a compile error leaves both tiers as they were
+        whole = self._whole_plan(work, backup)
+        if whole is not None:
+            self._plan_programs.compiled(backup, whole)
+        else:
+            for progs, parts in work:
+                for part in parts:
+                    self._compile(progs, part, backup)
         out = pools if backup else dict(pools)
         tokens, error = [], None
         try:
-            for progs, parts in work:
-                tokens.append(self._backup(progs, parts, pools) if backup else self._load(progs, parts, out))
+            if whole is not None:
+                tokens.append(self._move_plan(whole, work, backup, out))
+            else:
+                for progs, parts in work:
+                    tokens.append(self._backup(progs, parts, pools) if backup else self._load(progs, parts, out))
         except Exception as e:  # dispatch failed mid-way: the handle reports it
             error = e
         return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error)
@@ -157,7 +166,29 @@ class TransferEngine:
                 todo[(progs.fmt.allocator, key)] = progs
         for (_, key), progs in todo.items():
             progs.compiled(*key)
-        return sum(len(p.jaxprs) for p in self._programs.values())
+        for runs in self._warm_plans(max_pages):
+            for backup in (True, False):
+                self._plan_programs.compiled(backup, tuple((a, n, min(self._parts, n)) for a, n in runs))
+        return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
+
+    def _warm_plans(self, max_pages: int | None) -> list[tuple[tuple[str, int], ...]]:
+        """Whole-plan shapes `warmup` compiles when several allocators move bytes: the anchor's
+        power-of-two chunk lengths, each with every power-of-two length of the other
+        allocators up to the trailing window (what a prefix's load-back carries)."""
+        if len(self._programs) < 2 or self.devices.mesh is not None:
+            return []
+        def lengths(a: str, cap: int) -> list[int]:
+            limit = min(self._programs[a].chunk_pages, cap if max_pages is None else min(cap, max_pages))
+            return [1 << k for k in range(limit.bit_length())]
+        anchor = self.layout.anchor.name
+        if anchor not in self._programs:
+            return []
+        window = chunking.next_pow2(max(1, self.layout.window_pages()))
+        shapes = [()]
+        for a in sorted(self._programs):
+            sizes = lengths(a, MAX_CHUNK_PAGES if a == anchor else window)
+            shapes = [s + ((a, n),) for s in shapes for n in sizes]
+        return shapes
 
     # -- host tier access (L3 storage, tests) ----------------------------------------------------
     def read_host_rows(self, allocator: str, host_pages) -> np.ndarray:
@@ -197,11 +228,12 @@ class TransferEngine:
 
     def program_jaxprs(self) -> dict[str, object]:
         """Jaxprs of every program compiled so far, by label (for the host-compute check)."""
-        return {k: v for p in self._programs.values() for k, v in p.jaxprs.items()}
+        return {**{k: v for p in self._programs.values() for k, v in p.jaxprs.items()}, **self._plan_programs.jaxprs}
 
     def compiled_programs(self) -> dict[str, jax.stages.Compiled]:
         """Every program compiled so far, by label (e.g. to inspect its HLO)."""
-        return {f"{a}:{key}": c for a, p in self._programs.items() for key, c in p._cache.items()}
+        return {**{f"{a}:{key}": c for a, p in self._programs.items() for key, c in p._cache.items()},
+                **self._plan_programs.labelled()}
 
     # -- internals -------------------------------------------------------------------------
     def _fused(self, progs: AllocatorPrograms, part: chunking.Chunk, backup: bool) -> bool:
@@ -226,6 +258,32 @@ class TransferEngine:
             return [(Program.PACK, pages), *((Program.D2H, *g) for g in groups)]
         return [*((Program.H2D, *g) for g in groups), *([(Program.TAKE, pages)] if progs.broadcast_load else []),
                 (Program.UNPACK, pages)]
+
+    def _whole_plan(self, work, backup: bool) -> tuple[tuple[str, int, int], ...] | None:
+        """The `PlanPrograms` key when every allocator of a multi-allocator plan moves as one
+        whole-run chunk on a single device (one dispatch for the whole plan), else None."""
+        if len(work) < 2 or self.devices.mesh is not None:
+            return None
+        if any(len(parts) != 1 or not self._fused(progs, parts[0], backup) for progs, parts in work):
+            return None
+        return tuple((progs.fmt.allocator, *self._run_key(parts[0].padded_pages, backup)[1:]) for progs, parts in work)
+
+    def _move_plan(self, whole, work, backup: bool, pools: dict[str, jax.Array]) -> jax.Array:
+        """Dispatch a whole plan as one program (see `_whole_plan`); updates `pools` on load."""
+        names = [[s.name for s in progs.fmt.pools] for progs, _ in work]
+        hosts = tuple(self.host.buffers[progs.fmt.allocator] for progs, _ in work)
+        arrays = tuple(tuple(pools[n] for n in ns) for ns in names)
+        where = np.concatenate([_where(parts[0], parts[0].whole_run_host_start) for _, parts in work])
+        program = self._plan_programs.compiled(backup, whole)
+        if backup:
+            new, token = program(hosts, arrays, where)
+            for (progs, _), host in zip(work, new):
+                self.host.buffers[progs.fmt.allocator] = host
+        else:
+            new, token = program(arrays, hosts, where)
+            for ns, arrs in zip(names, new):
+                pools.update(zip(ns, arrs))
+        return token
 
     def _backup(self, progs: AllocatorPrograms, parts, pools) -> jax.Array:
         a = progs.fmt.allocator

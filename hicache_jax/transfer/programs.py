@@ -18,6 +18,11 @@ engine's persistent staging buffer `[chunk_pages, row_elems]`, one program per s
     load:    h2d(k, T) x G  staging (donated), host, src i32[T], dst i32[T] -> staging
              unpack(S)      pools (donated), staging, idx i32[S] -> pools, token
 
+A plan whose every allocator moves as one such chunk (a prefix's kv pages and its window's
+SWA pages, say) runs as ONE program on a single device: `PlanPrograms` traces each
+allocator's run program into a single jit with one concatenated `where`, so a load-back
+or a backup batch costs one dispatch and one index copy whatever the allocators.
+
 Host values are only sliced, moved and updated in place: every program's jaxpr is checked
 at compile time. Replicated allocators on a mesh pack on the first device (whose shard is
 the whole pool) and, on load, broadcast the chunk's rows to every rank before each rank
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import enum
 import functools
+import itertools
 from collections.abc import Callable
 
 import jax
@@ -219,6 +225,54 @@ class AllocatorPrograms:
             return jax.lax.dynamic_update_slice_in_dim(host, jax.device_put(rows, _HOST), start[0], 0)
         args = (self._host_buffer(), self._staging_spec(1 << log2_rows), self._index(1))
         return write_rows, args, (0,), self.host_sharding
+
+
+class PlanPrograms:
+    """Programs moving several allocators' whole-run chunks at once (one device, no mesh).
+
+    `compiled(backup, runs)` with `runs = ((allocator, pages, parts), ...)` in plan order
+    is one jit over every allocator's run program; its arguments are the allocators'
+    (host buffer, pools) tuples and `where`, the allocators' `where` arrays concatenated.
+    """
+
+    def __init__(self, programs: dict[str, AllocatorPrograms]):
+        self._programs = programs
+        self._cache: dict[tuple, jax.stages.Compiled] = {}
+        self.jaxprs: dict[str, object] = {}
+
+    def compiled(self, backup: bool, runs: tuple[tuple[str, int, int], ...]) -> jax.stages.Compiled:
+        key = (backup, runs)
+        program = self._cache.get(key)
+        if program is None:
+            name = Program.BACKUP_RUN if backup else Program.LOAD_RUN
+            built = [_BUILDERS[name](self._programs[a], pages, parts) for a, pages, parts in runs]
+            ends = list(itertools.accumulate(pages + 1 for _, pages, _ in runs))
+            bounds = list(zip([0, *ends[:-1]], ends))
+            fns = [fn for fn, *_ in built]
+
+            def plan_run(moved, read, where):  # moved: donated (hosts or pools), read: the other side
+                outs = [fn(m, r, where[lo:hi])
+                        for fn, m, r, (lo, hi) in zip(fns, moved, read, bounds)]
+                return tuple(o for o, _ in outs), outs[0][1]
+
+            home = self._programs[runs[0][0]].home
+            moved = tuple(args[0] for _, args, _, _ in built)
+            read = tuple(args[1] for _, args, _, _ in built)
+            index = jax.ShapeDtypeStruct((ends[-1],), jnp.int32, sharding=home)
+            outs = (tuple(o for _, _, _, (o, _) in built), home)
+            args = (moved, read, index)
+            ins = tuple(jax.tree.map(lambda a: a.sharding, args))
+            traced = jax.jit(plan_run, in_shardings=ins, out_shardings=outs, donate_argnums=(0,)).trace(*args)
+            label = f"plan:{name}{list(runs)}"
+            bad = host_compute_violations(traced.jaxpr)
+            if bad:
+                raise RuntimeError(f"bug: transfer program {label} computes on host memory: {bad}")
+            self.jaxprs[label] = traced.jaxpr
+            program = self._cache[key] = traced.lower().compile()
+        return program
+
+    def labelled(self) -> dict[str, jax.stages.Compiled]:
+        return {f"plan:{'backup' if b else 'load'}{list(runs)}": c for (b, runs), c in self._cache.items()}
 
 
 _BUILDERS = {

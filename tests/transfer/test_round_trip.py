@@ -120,3 +120,22 @@ def test_one_page_of_every_pool_and_long_single_runs():
     t.run("backup", {"kv": (np.arange(12)[::-1], np.arange(10, 22))})
     assert t.engine.chunk_pages("kv") == 8 and t.engine.chunk_pages("swa") == 2
     t.run("load", {"kv": (np.arange(12), np.arange(10, 22))})
+
+
+@pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41"])
+def test_a_plan_of_whole_runs_moves_as_one_program(name):
+    """kv pages plus a window's SWA pages, each one whole host run: one program per plan
+    (both directions), exact; a fragmented allocator sends the plan down the per-allocator path."""
+    t = Harness(name, None, "reference")
+    others = [a for a in t.allocators if a != "kv"]
+    whole = {"kv": ([7, 1, 4, 10], [12, 13, 14, 15]), **{a: ([3 + i, 9 - i], [20 + 2 * i, 21 + 2 * i])
+                                                           for i, a in enumerate(others)}}
+    t.run("backup", whole)
+    t.run("load", {a: (np.array(d)[::-1], h) for a, (d, h) in whole.items()})
+    plans = [k for k in t.engine.compiled_programs() if k.startswith("plan:")]
+    assert sorted(p.split("[")[0] for p in plans) == ["plan:backup", "plan:load"]
+    moving = ("backup_run", "load_run", "pack", "unpack", "h2d", "d2h")  # the harness reads rows with others
+    assert not [k for k in t.engine.compiled_programs() if not k.startswith("plan:") and any(m in k for m in moving)]
+    t.run("load", {**whole, "kv": ([0, 2, 5], [1, 7, 30])})       # fragmented kv: per allocator
+    assert len([k for k in t.engine.compiled_programs() if k.startswith("plan:")]) == 2
+    assert all(not host_compute_violations(j) for j in t.engine.program_jaxprs().values())
