@@ -72,7 +72,7 @@ class HiCache:
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         self.tally = Tally()
         self._flights = Flights(layout, self.core, self.engine, self.tally, clock, config.transfer_timeout_s,
-                                on_acked=self._acked)
+                                on_acked=self._acked, pools=lambda: self._pools)
         self._requested_tokens = 0
         self._storage = None
         if storage is not None or config.storage is not None:
@@ -356,13 +356,15 @@ class HiCache:
             self._dispatch_backups()
 
     def _dispatch_backups(self) -> int:
+        # a queued demotion's device pages are free already: its batch goes whole, now
+        paced = None if self.core.needs_flush else self.config.backup_bytes_per_step
         batch = self.core.take_backup_batch()
-        if batch is None or not self._start(batch.transfer, batch.plan):
+        if batch is None or not self._start(batch.transfer, batch.plan, piece_bytes=paced):
             return 0
         return batch.tokens
 
-    def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0) -> bool:
-        self._pools, started = self._flights.start(tid, plan, self._pools, host_tokens)
+    def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0, piece_bytes: int | None = None) -> bool:
+        self._pools, started = self._flights.start(tid, plan, self._pools, host_tokens, piece_bytes)
         return started
 
     # -- introspection ------------------------------------------------------------------------

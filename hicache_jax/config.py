@@ -211,6 +211,12 @@ class HiCacheConfig:
     `max(1, load_back_threshold)` tokens (or an SWA window), and, when
     `recompute_seconds_per_token` is set, only if moving its bytes at
     `link_bytes_per_second` is faster than recomputing its tokens.
+
+    Backups: a copy runs in device order with the model's steps, so a large backup batch
+    delays the next step by its whole transfer time. With `backup_bytes_per_step` set, a
+    write-through batch larger than that goes in pieces, one more per `step()` (the tree
+    sees one transfer, acknowledged when its last piece lands). Write-back demotions and
+    load-backs are never paced.
     """
 
     device_pages: int
@@ -225,6 +231,7 @@ class HiCacheConfig:
     link_bytes_per_second: float = 25e9
     transfer_timeout_s: float = 30.0             # a transfer not done by then is failed
     max_staging_bytes: int = 512 << 20
+    backup_bytes_per_step: int | None = None     # pace write-through backups: at most this much per step()
     host_memory_limit_bytes: int | None = None   # default: XLA's pinned host pool cap (see xla_pinned_limit_bytes)
     check_invariants: bool = False               # recompute every invariant after each call (tests)
     # L3 storage (off unless `storage` names a store: file:///dir, gs://..., s3://..., mooncake://host:port)
@@ -271,6 +278,8 @@ class HiCacheConfig:
             if v is not None:
                 validate.number(f"{_FIELD}{name!r}", v)
         _check_count("max_staging_bytes", self.max_staging_bytes, minimum=1)
+        if self.backup_bytes_per_step is not None:
+            _check_count("backup_bytes_per_step", self.backup_bytes_per_step, minimum=1)
         if self.host_memory_limit_bytes is not None:
             _check_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
         if not isinstance(self.check_invariants, bool):

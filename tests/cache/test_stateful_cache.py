@@ -28,10 +28,11 @@ class CacheMachine(RuleBasedStateMachine):
     @initialize(name=st.sampled_from(sorted(LAYOUTS)),
                 policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
                 slow=st.booleans(), device=st.integers(4, 6), host=st.integers(6, 24),
-                first=st.lists(PROMPT, min_size=2, max_size=5))
-    def setup(self, name, policy, slow, device, host, first):
+                first=st.lists(PROMPT, min_size=2, max_size=5), paced=st.booleans())
+    def setup(self, name, policy, slow, device, host, first, paced):
+        pace = LAYOUTS[name].page_bytes_of(LAYOUTS[name].anchor.name) if paced else None  # a page a step
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
-                               load_back_threshold=1, **self.storage_config())
+                               load_back_threshold=1, backup_bytes_per_step=pace, **self.storage_config())
         self.name, self.cfg, self.slow = name, cfg, {"backup", "load"} if slow else set()
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)
