@@ -23,10 +23,12 @@ Scenarios, one round each, in alternating order, in the same process:
 
 Per round: the median step time of each scenario and the paired ratios backup/none and
 raw/none; then the medians over rounds. Also: bytes backed up per second of the backup
-round (steps and the final drain), per-transfer rate (start to observed completion), and a
-contiguous device -> pinned host `device_put` of one prefix's bytes on an idle device (the
-raw link). After the last round one prefix is evicted from the device and brought back with
-`acquire`; its bytes are compared exactly with what was written (every pool, every layer).
+round (steps and the final drain), per-transfer rate (start to completion as `step()` saw
+it, so at most one step late), the share of steps after which a backup was still in
+flight, the Python time of `cache.step()` and of alloc + insert, and a contiguous device ->
+pinned host `device_put` of one prefix's bytes on an idle device (the raw link). After the
+last round one prefix is evicted from the device and brought back with `acquire`; its bytes
+are compared exactly with what was written (every pool, every layer).
 
     python benchmarks/bench_backup_decode.py --out backup_decode.json          # V4-Flash (GPU)
     python benchmarks/bench_backup_decode.py --smoke --out backup_decode.json  # tiny_v4, CPU, seconds
@@ -58,7 +60,8 @@ def pattern(seed: int, pool: int, layers, pages, nbytes: int) -> jax.Array:
     l = jnp.asarray(layers, u32)[:, None, None]
     p = jnp.asarray(pages, u32)[None, :, None]
     o = jax.lax.iota(u32, nbytes)[None, None, :]
-    h = l * u32(0x9E3779B1) ^ p * u32(0x85EBCA77) ^ o * u32(0xC2B2AE3D) ^ u32((seed * 131 + pool) * 0x27D4EB2F & 0xFFFFFFFF)
+    salt = u32((seed * 131 + pool) * 0x27D4EB2F & 0xFFFFFFFF)
+    h = l * u32(0x9E3779B1) ^ p * u32(0x85EBCA77) ^ o * u32(0xC2B2AE3D) ^ salt
     h = (h ^ (h >> 15)) * u32(0x2C1B3C6D)
     h = (h ^ (h >> 12)) * u32(0x297A2D39)
     return ((h ^ (h >> 15)) & u32(0xFF)).astype(jnp.uint8)
@@ -215,7 +218,8 @@ class Bench:
         n1, s1 = after.durations.get("backup", (0, 0.0))
         return {"step_ms": float(np.median(times)) * 1e3, "mean_step_ms": float(np.mean(times)) * 1e3,
                 "max_step_ms": float(np.max(times)) * 1e3, "steps_ms": [round(t * 1e3, 3) for t in times],
-                "step_call_us": float(np.median(step_calls)) * 1e6, "insert_us": float(np.median(inserts)) * 1e6 if inserts else 0.0,
+                "step_call_us": float(np.median(step_calls)) * 1e6,
+                "insert_us": float(np.median(inserts)) * 1e6 if inserts else 0.0,
                 "in_flight_share": float(np.mean(in_flight)), "drain_ms": (end - t_drain) * 1e3,
                 "backup_bytes": int(moved), "round_s": end - t_round, "transfers": n1 - n0, "transfer_s": s1 - s0}
 
