@@ -61,3 +61,12 @@ def test_bench_gemma_chunk_smoke(tmp_path):
     result = run("bench_gemma_chunk.py", tmp_path, "--chunks", "16,64")
     assert [r["chunk"] for r in result["runs"]] == [16, 64]
     assert all(r["call_ms"] > 0 and r["no_head_ms"] > 0 for r in result["runs"])
+
+
+@pytest.mark.slow
+def test_bench_backup_decode_smoke(tmp_path):
+    result = run("bench_backup_decode.py", tmp_path)
+    assert result["exact"] and result["config"] == "tiny-v4"
+    assert all(result["step_ms"][s] > 0 for s in ("none", "backup", "raw"))
+    assert result["slowdown_backup"] > 0 and result["contiguous_GBps"] > 0
+    assert all(r["backup"]["backup_bytes"] > 0 and r["none"]["backup_bytes"] == 0 for r in result["rounds"])
