@@ -61,3 +61,17 @@ def test_bench_gemma_chunk_smoke(tmp_path):
     result = run("bench_gemma_chunk.py", tmp_path, "--chunks", "16,64")
     assert [r["chunk"] for r in result["runs"]] == [16, 64]
     assert all(r["call_ms"] > 0 and r["no_head_ms"] > 0 for r in result["runs"])
+
+
+@pytest.mark.slow
+def test_bench_host_tier_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_host_tier.py"), "--smoke", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    result = json.loads((tmp_path / "host_tier.json").read_text())
+    cells = result["summary"]["0.02"]
+    assert set(cells) == {"numpy_zeros", "numpy_empty", "compiled_rows", "jit_zeros", "jit_chunks",
+                          "engine_numpy", "engine_compiled"}
+    assert all(c["zeros_ok"] and c["s_per_gib"] > 0 for c in cells.values())
+    assert all(r.get("host_compute", []) == [] and "error" not in r for r in result["runs"])
+    assert {r["fill"] for r in result["runs"] if r["strategy"] == "compiled_rows"} == {"compiled"}
+    assert result["jax"] and result["date"] and result["device"]
