@@ -70,3 +70,17 @@ def test_bench_backup_decode_smoke(tmp_path):
     assert all(result["step_ms"][s] > 0 for s in ("none", "backup", "raw"))
     assert result["slowdown_backup"] > 0 and result["contiguous_GBps"] > 0
     assert all(r["backup"]["backup_bytes"] > 0 and r["none"]["backup_bytes"] == 0 for r in result["rounds"])
+
+
+@pytest.mark.slow
+def test_bench_host_tier_smoke(tmp_path):
+    subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_host_tier.py"), "--smoke", "--out", str(tmp_path)],
+                   cwd=ROOT, check=True, capture_output=True, timeout=600)
+    result = json.loads((tmp_path / "host_tier.json").read_text())
+    cells = result["summary"]["0.02"]
+    assert set(cells) == {"numpy_zeros", "numpy_empty", "compiled_rows", "jit_zeros", "jit_chunks",
+                          "engine_numpy", "engine_compiled"}
+    assert all(c["zeros_ok"] and c["s_per_gib"] > 0 for c in cells.values())
+    assert all(r.get("host_compute", []) == [] and "error" not in r for r in result["runs"])
+    assert {r["fill"] for r in result["runs"] if r["strategy"] == "compiled_rows"} == {"compiled"}
+    assert result["jax"] and result["date"] and result["device"]
