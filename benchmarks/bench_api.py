@@ -10,6 +10,9 @@ for byte with what was written.
 
     python benchmarks/bench_api.py --out api.json            # V4-Flash and V4.1-Flash, 1..4096 pages (GPU)
     python benchmarks/bench_api.py --smoke --out api.json    # tiny_v4, CPU, seconds
+
+Each call's time is also split (`breakdown_ms`): the tree's match, its load planning, the
+engine's dispatch, the wait (and the bookkeeping when the load lands), and the rest.
 """
 from __future__ import annotations
 
@@ -78,7 +81,37 @@ def make_cache(config: str, max_pages: int) -> hc.HiCache:
     return hc.HiCache(layout, cfg)
 
 
-def run(cache: hc.HiCache, pages: int, rounds: int, seed: int) -> dict:
+class Breakdown:
+    """Where an `acquire` / `load_back` + `wait` spends its time: the cache's own steps are
+    wrapped with timers (match, the tree's load planning, the engine's dispatch, the wait
+    and the bookkeeping after it); `other` is the rest of the call."""
+
+    STEPS = {"match": ("core", "match_prefix"), "plan": ("core", "start_load"),
+             "dispatch": ("engine", "start"), "wait": ("_flights", "complete")}
+
+    def __init__(self, cache: hc.HiCache):
+        self.spent: dict[str, float] = {}
+        for name, (owner, method) in self.STEPS.items():
+            obj = getattr(cache, owner)
+            setattr(obj, method, self._timed(name, getattr(obj, method)))
+
+    def _timed(self, name, fn):
+        def timed(*a, **kw):
+            t = clock()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.spent[name] = self.spent.get(name, 0.0) + clock() - t
+        return timed
+
+    def take(self, total: float) -> dict[str, float]:
+        out = {k: self.spent.get(k, 0.0) for k in self.STEPS}
+        out["other"] = total - sum(out.values())
+        self.spent.clear()
+        return out
+
+
+def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakdown) -> dict:
     """One prefix of `pages` pages: insert it, then `rounds` paired rounds (after a warm-up one,
     which also compiles what it needs)."""
     layout = cache.layout
@@ -97,6 +130,7 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int) -> dict:
         for how in ("acquire", "load_back"):
             cache.evict(10 ** 6, 10 ** 6 if window else 0)
             cache.drain()
+            breakdown.take(0.0)
             t = clock()
             if how == "acquire":
                 prefix = cache.acquire(tokens)
@@ -106,6 +140,7 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int) -> dict:
                 prefix = lb
             jax.block_until_ready(cache.device_pools)
             took = clock() - t
+            parts = breakdown.take(took)
             if exact is None:
                 exact = same_bytes(cache, prefix, written)
             cache.unlock(prefix.lock)
@@ -114,16 +149,18 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int) -> dict:
             jax.block_until_ready(jax.device_put(host_block, on_device))
             ref = clock() - t
             if r:
-                rows.append((how, took, ref))
+                rows.append((how, took, ref, parts))
     cache.evict(10 ** 6, 10 ** 6 if window else 0)   # make room for the next prefix
     cache.drain()
     cache.core.evict_host(dict.fromkeys(cache.core.components.names, 10 ** 6))
     out = {"config": layout.model.name, "pages": pages, "bytes": nbytes, "exact": bool(exact), "rounds": rounds}
     for how in ("acquire", "load_back"):
-        mine = [(t, ref) for h, t, ref in rows if h == how]
-        out[how] = {"ms": round(float(np.median([t for t, _ in mine])) * 1e3, 3),
-                    "contiguous_ms": round(float(np.median([ref for _, ref in mine])) * 1e3, 3),
-                    "ratio": round(float(np.median([ref / t for t, ref in mine])), 3)}
+        mine = [(t, ref, parts) for h, t, ref, parts in rows if h == how]
+        out[how] = {"ms": round(float(np.median([t for t, _, _ in mine])) * 1e3, 3),
+                    "contiguous_ms": round(float(np.median([ref for _, ref, _ in mine])) * 1e3, 3),
+                    "ratio": round(float(np.median([ref / t for t, ref, _ in mine])), 3),
+                    "breakdown_ms": {k: round(float(np.median([p[k] for _, _, p in mine])) * 1e3, 3)
+                                     for k in (*Breakdown.STEPS, "other")}}
     return out
 
 
@@ -144,12 +181,14 @@ def main():
     sizes = [int(p) for p in args.pages.split(",")]
     for config in args.configs.split(","):
         cache = make_cache(config, max(sizes))
+        breakdown = Breakdown(cache)
         for pages in sizes:
-            r = run(cache, pages, args.rounds, args.seed)
+            r = run(cache, pages, args.rounds, args.seed, breakdown)
             result["runs"].append(r)
             print(f"{r['config']:20} {pages:>5} {r['bytes'] / 1e6:>8.1f} {r['acquire']['ms']:>10.3f} "
                   f"{r['acquire']['ratio']:>6.3f} {r['load_back']['ms']:>12.3f} {r['load_back']['ratio']:>6.3f} "
-                  f"{r['acquire']['contiguous_ms']:>13.3f} {r['exact']}", flush=True)
+                  f"{r['acquire']['contiguous_ms']:>13.3f} {r['exact']}  | acquire: " +
+                  " ".join(f"{k} {v:.3f}" for k, v in r["acquire"]["breakdown_ms"].items()), flush=True)
             pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
         cache.close()
     if not all(r["exact"] for r in result["runs"]):

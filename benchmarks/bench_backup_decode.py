@@ -17,6 +17,8 @@ Scenarios, one round each, in alternating order, in the same process:
             inserts a `--prefix-pages` prefix (plus its window's SWA page) whose bytes
             were "prefilled" earlier; write_through queues its backup and `cache.step()`
             dispatches it, so backups are in flight while the next steps run.
+    paced   (with `--pace-mib N`) `backup` with `backup_bytes_per_step` = N MiB: each
+            `step()` sends at most one N MiB piece more of each batch in flight.
     raw     `none` plus, at the same points, a plain `jax.device_put` of the same number
             of bytes from a device block to pinned host (no cache): how much the link
             itself overlaps decode.
@@ -36,6 +38,7 @@ are compared exactly with what was written (every pool, every layer).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import pathlib
 import sys
@@ -186,6 +189,8 @@ class Bench:
 
     def round(self, scenario: str) -> dict:
         args, cache = self.args, self.cache
+        pace = args.pace_mib << 20 if scenario == "paced" else None
+        cache.config = dataclasses.replace(cache.config, backup_bytes_per_step=pace)
         before = cache.stats()
         times, step_calls, inserts, in_flight = [], [], [], []
         flying, puts = 0, []
@@ -193,7 +198,7 @@ class Bench:
         for i in range(args.steps):
             t0 = clock()
             due = i % args.insert_every == 0
-            if scenario == "backup" and due:
+            if scenario in ("backup", "paced") and due:
                 self.insert_prefix()
                 inserts.append(clock() - t0)
             pools, out = self.model(cache.device_pools, *self.weights, *self.tables, jnp.int32(self.pos))
@@ -271,6 +276,8 @@ def main():
     ap.add_argument("--tokens", type=int, default=2048, help="rows of the per-layer MLP")
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--ffn", type=int, default=8192)
+    ap.add_argument("--pace-mib", type=int, default=0,
+                    help="also run the `paced` scenario with backup_bytes_per_step = this many MiB (0: not)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, tiny MLP, few steps: CPU, seconds")
     ap.add_argument("--out", default="bench_backup_decode.json")
@@ -278,6 +285,11 @@ def main():
     if args.smoke:
         args.config, args.rounds, args.steps, args.prefix_pages = "tiny_v4", 2, 4, 4
         args.read_pages, args.tokens, args.hidden, args.ffn = 2, 8, 64, 128
+    global SCENARIOS
+    if args.pace_mib < 0:
+        sys.exit(f"--pace-mib must be >= 0, got {args.pace_mib}")
+    if args.pace_mib:
+        SCENARIOS = ("none", "backup", "paced", "raw")
     b = Bench(args)
     print(f"{args.config}: prefix {args.prefix_pages} pages = {b.nbytes / 1e6:.1f} MB every {args.insert_every} "
           f"step(s); MLP {args.tokens} x {args.hidden} x {args.ffn}; {args.steps} steps per scenario; "
@@ -292,8 +304,8 @@ def main():
         row["contiguous_ms"] = float(np.median([b.contiguous_s() for _ in range(3)])) * 1e3
         if r:
             rounds.append(row)
-        print(f"round {r}{' (warm-up)' if not r else ''}: step ms none {row['none']['step_ms']:.2f} backup "
-              f"{row['backup']['step_ms']:.2f} raw {row['raw']['step_ms']:.2f}; backups in flight at "
+        steps = " ".join(f"{s} {row[s]['step_ms']:.2f}" for s in SCENARIOS)
+        print(f"round {r}{' (warm-up)' if not r else ''}: step ms {steps}; backups in flight at "
               f"{row['backup']['in_flight_share']:.0%} of steps; contiguous {row['contiguous_ms']:.2f} ms", flush=True)
     # the byte check needs the backups of a round on the host: one more backup round, kept
     b.round("backup")
@@ -312,6 +324,10 @@ def main():
         "step_ms": {s: med(lambda r, s=s: r[s]["step_ms"]) for s in SCENARIOS},
         "slowdown_backup": med(lambda r: r["backup"]["step_ms"] / r["none"]["step_ms"]),
         "slowdown_raw": med(lambda r: r["raw"]["step_ms"] / r["none"]["step_ms"]),
+        **({"slowdown_paced": med(lambda r: r["paced"]["step_ms"] / r["none"]["step_ms"]),
+            "paced_in_flight_share": med(lambda r: r["paced"]["in_flight_share"]),
+            "paced_max_step_ms": med(lambda r: r["paced"]["max_step_ms"]),
+            "backup_max_step_ms": med(lambda r: r["backup"]["max_step_ms"])} if "paced" in SCENARIOS else {}),
         "backup_in_flight_share": med(lambda r: bk(r)["in_flight_share"]),
         "backup_GBps_round": med(lambda r: bk(r)["backup_bytes"] / bk(r)["round_s"] / 1e9),
         "backup_GBps_per_transfer": med(lambda r: bk(r)["backup_bytes"] / max(bk(r)["transfer_s"], 1e-12) / 1e9),
@@ -323,7 +339,8 @@ def main():
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"median step ms: none {result['step_ms']['none']:.3f}, backup {result['step_ms']['backup']:.3f} "
           f"(x{result['slowdown_backup']:.3f}), raw device_put {result['step_ms']['raw']:.3f} "
-          f"(x{result['slowdown_raw']:.3f})")
+          f"(x{result['slowdown_raw']:.3f})" + (f", paced {result['step_ms']['paced']:.3f} "
+                                               f"(x{result['slowdown_paced']:.3f})" if args.pace_mib else ""))
     print(f"backups: {result['backup_GBps_round']:.2f} GB/s over the round, {result['backup_GBps_per_transfer']:.2f} "
           f"GB/s per transfer; contiguous device_put {result['contiguous_GBps']:.2f} GB/s; in flight at "
           f"{result['backup_in_flight_share']:.0%} of steps; step() {result['step_call_us']['backup']:.0f} us "

@@ -96,6 +96,8 @@ def coalesce(host_pages: np.ndarray) -> tuple[HostRun, ...]:
     """Runs of consecutive host pages in an ascending array."""
     if host_pages.size == 0:
         return ()
+    if int(host_pages[-1]) - int(host_pages[0]) == host_pages.size - 1:   # ascending and unique: one run
+        return (HostRun(0, int(host_pages[0]), int(host_pages.size)),)
     breaks = np.flatnonzero(np.diff(host_pages) != 1) + 1
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [host_pages.size]))
