@@ -84,3 +84,11 @@ def test_bench_host_tier_smoke(tmp_path):
     assert all(r.get("host_compute", []) == [] and "error" not in r for r in result["runs"])
     assert {r["fill"] for r in result["runs"] if r["strategy"] == "compiled_rows"} == {"compiled"}
     assert result["jax"] and result["date"] and result["device"]
+
+
+@pytest.mark.slow
+def test_bench_overlap_smoke(tmp_path):
+    result = run("bench_overlap.py", tmp_path)
+    assert result["config"] == "tiny-v4" and result["matmuls_per_layer"] >= 1
+    assert set(result["ms"]) == {"load", "compute", "serial", "whole/2", "chained/2", "slices/2"}
+    assert all(v > 0 for v in result["ms"].values()) and result["vs_max_load_compute"]["serial"] > 0
