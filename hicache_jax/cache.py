@@ -315,8 +315,11 @@ class HiCache:
 
     # -- the step boundary ------------------------------------------------------------------
     def step(self) -> StepReport:
-        """Dispatch the merged backups of this step and apply every completed transfer."""
+        """Dispatch the merged backups of this step (paced ones: up to `backup_bytes_per_step`,
+        oldest first) and apply every completed transfer."""
         tokens = self._dispatch_backups()
+        if self.config.backup_bytes_per_step is not None:
+            self._flights.pump(self.config.backup_bytes_per_step)
         completed, failed = [], []
         for tid in self._flights.ids():
             ok = self._flights.complete(tid, blocking=False)

@@ -213,10 +213,12 @@ class HiCacheConfig:
     `link_bytes_per_second` is faster than recomputing its tokens.
 
     Backups: a copy runs in device order with the model's steps, so a large backup batch
-    delays the next step by its whole transfer time. With `backup_bytes_per_step` set, a
-    write-through batch larger than that goes in pieces, one more per `step()` (the tree
-    sees one transfer, acknowledged when its last piece lands). Write-back demotions and
-    load-backs are never paced.
+    delays the next step by its whole transfer time. With `backup_bytes_per_step` set,
+    write-through batches are cut into pieces of at most that size and each `step()`
+    dispatches pieces up to that many bytes (oldest batch first, at least one piece); the
+    tree sees one transfer per batch, acknowledged when its last piece lands. Write-back
+    demotions and load-backs are never paced; `drain`, `wait` and a blocked `alloc` /
+    `acquire` send what is left at once.
     """
 
     device_pages: int
@@ -231,7 +233,7 @@ class HiCacheConfig:
     link_bytes_per_second: float = 25e9
     transfer_timeout_s: float = 30.0             # a transfer not done by then is failed
     max_staging_bytes: int = 512 << 20
-    backup_bytes_per_step: int | None = None     # pace write-through backups: at most this much per step()
+    backup_bytes_per_step: int | None = None     # pace write-through backups: about this much per step()
     host_memory_limit_bytes: int | None = None   # default: XLA's pinned host pool cap (see xla_pinned_limit_bytes)
     check_invariants: bool = False               # recompute every invariant after each call (tests)
     # L3 storage (off unless `storage` names a store: file:///dir, gs://..., s3://..., mooncake://host:port)

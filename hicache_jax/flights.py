@@ -26,12 +26,20 @@ log = logging.getLogger("hicache_jax")
 @dataclasses.dataclass
 class _Flight:
     plan: TransferPlan
-    handle: Handle
     started: float
     host_tokens: int = 0         # a load's prompt tokens served from the host, counted when it lands
-    rest: list[TransferPlan] = dataclasses.field(default_factory=list)  # a paced backup's pieces to come
-    piece_started: float = 0.0   # when the piece now in flight was dispatched (the timeout's origin)
-    busy_s: float = 0.0          # a paced backup's pieces' own times, summed
+    handles: list[Handle] = dataclasses.field(default_factory=list)      # its dispatched pieces
+    rest: list[TransferPlan] = dataclasses.field(default_factory=list)   # a paced backup's pieces to come
+    last_dispatch: float = 0.0   # when its latest piece went (the timeout counts from there)
+
+    def landed(self) -> bool:
+        """Every piece dispatched and finished (never blocks; raises a piece's error)."""
+        return not self.rest and all([h.done() for h in self.handles])
+
+    def seconds(self) -> float | None:
+        """The pieces' own transfer times, summed (None if one was not observed)."""
+        times = [h.seconds for h in self.handles]
+        return None if None in times else sum(times)
 
 
 class Flights:
@@ -53,28 +61,76 @@ class Flights:
               host_tokens: int = 0, piece_bytes: int | None = None) -> tuple[Mapping[str, jax.Array], bool]:
         """Dispatch a transfer the tree has committed: (the pools to use from now on, started?).
         If the engine raises, the transfer ends as failed and the pools are unchanged.
-        `piece_bytes` (backups only) paces it: the first piece of at most that many bytes
-        goes now, each later one when `complete` finds the previous one landed."""
-        pieces = [plan]
+        With `piece_bytes` (backups only) it is only registered, cut into pieces of at most
+        that many bytes, which `pump` dispatches as each step's budget allows."""
+        now = self._clock()
         if piece_bytes is not None and tid.direction is Direction.BACKUP:
-            pieces = split_plan(plan, self._layout, piece_bytes)
+            self._flights[tid] = _Flight(plan, now, rest=split_plan(plan, self._layout, piece_bytes), last_dispatch=now)
+            return pools, True
         try:
-            pools, handle = self._engine.start(pieces[0], pools)
+            pools, handle = self._engine.start(plan, pools)
         except Exception:
             log.exception("%s failed to start", tid)
             self._fail(tid, FailureCause.START)
             return pools, False
-        now = self._clock()
-        self._flights[tid] = _Flight(plan, handle, now, host_tokens, pieces[1:], now)
+        self._flights[tid] = _Flight(plan, now, host_tokens, [handle], last_dispatch=now)
         return pools, True
 
+    def pump(self, budget: int) -> int:
+        """Dispatch paced pieces, oldest transfer first, up to `budget` bytes (at least one
+        piece when any waits); returns the bytes dispatched."""
+        used = 0
+        for tid, flight in list(self._flights.items()):
+            while flight.rest and (used == 0 or used + flight.rest[0].nbytes(self._layout) <= budget):
+                size = flight.rest[0].nbytes(self._layout)
+                if not self._dispatch_piece(tid, flight):
+                    break
+                used += size
+            if used >= budget:
+                break
+        return used
+
+    def _dispatch_piece(self, tid: TransferId, flight: _Flight) -> bool:
+        try:
+            _, handle = self._engine.start(flight.rest[0], self._pools())
+        except Exception:
+            log.exception("%s: a piece failed to start", tid)
+            self._settle(flight)
+            del self._flights[tid]
+            self._fail(tid, FailureCause.START)
+            return False
+        flight.rest.pop(0)
+        flight.handles.append(handle)
+        flight.last_dispatch = self._clock()
+        return True
+
+    @staticmethod
+    def _settle(flight: _Flight) -> None:
+        """Wait out every dispatched piece, errors ignored: before a transfer fails, nothing
+        of it may still be writing into pages the failure path frees."""
+        for h in flight.handles:
+            try:
+                h.wait()
+            except Exception:
+                pass
+
     def complete(self, tid: TransferId, blocking: bool) -> bool | None:
-        """Apply `tid`'s end if it has one: True done, False failed, None still in flight."""
+        """Apply `tid`'s end if it has one: True done, False failed, None still in flight.
+        Blocking, a paced transfer's remaining pieces all go at once."""
         flight = self._flights[tid]
         cause = None
         try:
-            done = self._advance(flight, blocking)
-            if not done and self._clock() - flight.piece_started > self._timeout_s:
+            if blocking:
+                while flight.rest:
+                    if not self._dispatch_piece(tid, flight):
+                        return False
+                for h in flight.handles:
+                    h.wait()
+                done = True
+            else:
+                done = flight.landed()
+            busy = any(not h.done() for h in flight.handles) if not done else False
+            if busy and self._clock() - flight.last_dispatch > self._timeout_s:
                 cause = FailureCause.TIMEOUT
         except Exception as e:
             log.error("%s failed: %s", tid, e)
@@ -83,32 +139,17 @@ class Flights:
             return None
         del self._flights[tid]
         if cause is not None:
+            self._settle(flight)
             self._fail(tid, cause)
             return False
         if tid.direction is Direction.BACKUP:
             self._on_acked(self._core.ack_backup(tid.number))
         else:
             self._core.finish_load(tid.number)
-        seconds = flight.handle.seconds
-        seconds = flight.busy_s + (seconds if seconds is not None else self._clock() - flight.piece_started)
-        self._tally.record(tid.direction, flight.plan, self._layout, flight.host_tokens, seconds)
+        seconds = flight.seconds()
+        self._tally.record(tid.direction, flight.plan, self._layout, flight.host_tokens,
+                           seconds if seconds is not None else self._clock() - flight.started)
         return True
-
-    def _advance(self, flight: _Flight, blocking: bool) -> bool:
-        """True once every piece of `flight` has landed; a landed piece starts the next one
-        (all of them, one after another, when `blocking`). Raises a piece's error."""
-        while True:
-            if blocking:
-                flight.handle.wait()
-            elif not flight.handle.done():
-                return False
-            if not flight.rest:
-                return True
-            flight.busy_s += flight.handle.seconds or 0.0
-            _, flight.handle = self._engine.start(flight.rest.pop(0), self._pools())
-            flight.piece_started = self._clock()
-            if not blocking:
-                return False
 
     def _fail(self, tid: TransferId, cause: FailureCause) -> None:
         """The tree takes the transfer back (its nodes return to a consistent state); counted."""

@@ -87,3 +87,29 @@ def test_split_plan_cuts_within_the_budget_and_keeps_every_page():
         split_plan(plan, lay, 0)
     with pytest.raises(ValueError, match="backup_bytes_per_step"):
         hc.HiCacheConfig(device_pages=4, backup_bytes_per_step=0)
+
+
+def test_batches_in_flight_share_one_budget_per_step():
+    lay = layout("tiny_gqa")
+    page = lay.page_bytes_of("kv")
+    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=16, host_pages=32, check_invariants=True,
+                                         load_back_threshold=1, backup_bytes_per_step=2 * page))
+    sent = [0]                           # bytes dispatched, per step()
+    real_start = c.engine.start
+
+    def counting(plan, pools):
+        sent[-1] += plan.nbytes(lay)
+        return real_start(plan, pools)
+    c.engine.start = counting
+    d = Driver(c)
+    d.request([0, 1, 2])                 # 3 pages queued; the request's step() sends 2
+    sent.append(0)
+    d.request([4, 5, 6, 7])              # 4 more while the first batch is still being paced
+    while c.stats().in_flight["backup"]:
+        sent.append(0)
+        c.step()
+        assert len(sent) < 20
+    assert max(sent) <= 2 * page and sum(sent) == 7 * page
+    assert c.stats().transfers["backup"] == 2
+    c.evict(10 ** 6)
+    assert d.request([0, 1, 2]) == 3 * P and d.request([4, 5, 6, 7]) == 4 * P
