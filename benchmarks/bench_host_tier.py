@@ -11,18 +11,18 @@ within each round (the order rotates), and a round stops early rather than run p
 `--time-limit-s` (the JSON says how many rounds each cell got).
 
 Strategies (one `[rows, row_elems]` bf16 buffer, rows of `--row-kib`, in pinned host memory):
-  numpy_zeros    `jax.device_put(np.zeros(...))`: the host tier's old path (HostFill.NUMPY)
+  numpy_zeros    `jax.device_put(np.zeros(...))`: what the host tier does
   numpy_empty    the same from `np.empty` (contents undefined: not checked for zeros)
-  compiled_rows  the host tier's default (HostFill.COMPILED): one program moves a device
-                 zero row to host per row, as a scan's host-memory output
+  compiled_rows  one program moves a device zero row to host per row, as the rows of a
+                 scan whose output lives in pinned host memory (no host array is read)
   jit_zeros      `jnp.zeros` jitted with a pinned-host output (XLA may build it on the
                  device first: skipped when its device temporaries exceed --device-temp-cap-gib)
   jit_chunks     a fori_loop writing 256 MiB device zero chunks into a host buffer that
                  starts as `device_put(jnp.zeros(...), host)` (same cap)
-  engine_numpy / engine_compiled   (first size only) a V4-Flash `TransferEngine` whose host
-                 tier (half kv, half SWA rows) has the size: seconds to the end of the
-                 constructor, to a first device-only step (device pools made, one jit on
-                 them), and to every host buffer ready.
+  engine         (first size only) a V4-Flash `TransferEngine` whose host tier (half kv,
+                 half SWA rows) has the size: seconds to the end of the constructor, to a
+                 first device-only step (device pools made, one jit on them), and to every
+                 host buffer ready.
 
 Each record: compile_s (programs built), dispatch_s (the call returned), total_s (buffer
 ready, compile included), s_per_gib = total_s / GiB, the process's RSS growth (pinned
@@ -47,8 +47,8 @@ import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STRATEGIES = ("numpy_zeros", "numpy_empty", "compiled_rows", "jit_zeros", "jit_chunks")
-ENGINE_STRATEGIES = ("engine_numpy", "engine_compiled")
-PROMISES_ZEROS = {"numpy_zeros", "compiled_rows", "jit_zeros", "jit_chunks", "engine_numpy", "engine_compiled"}
+ENGINE_STRATEGIES = ("engine",)
+PROMISES_ZEROS = {"numpy_zeros", "compiled_rows", "jit_zeros", "jit_chunks", *ENGINE_STRATEGIES}
 CHUNK_BYTES = 256 << 20
 SAMPLE_ROWS = 8
 
@@ -73,27 +73,28 @@ class Build:
         import numpy as np
         from jax.sharding import SingleDeviceSharding
 
-        from hicache_jax.pools import HOST_MEMORY, HostFill
-        from hicache_jax.pools import host_fill
-        self.jax, self.jnp, self.np, self.host_fill = jax, jnp, np, host_fill
+        from hicache_jax.pools import HOST_MEMORY
+        self.jax, self.jnp, self.np = jax, jnp, np
         self.strategy, self.shape, self.dtype, self.device = strategy, shape, dtype, device
         self.host = SingleDeviceSharding(device, memory_kind=HOST_MEMORY)
         self.temp_cap = temp_cap_bytes
-        self.HostFill = HostFill
         self.program, self.args, self.info = None, (), {}
 
     def compile(self) -> bool:
         jax, jnp, np = self.jax, self.jnp, self.np
         shape, dtype = self.shape, self.dtype
+        if self.strategy not in ("compiled_rows", "jit_zeros", "jit_chunks"):
+            return True
         if self.strategy == "compiled_rows":
-            self.program = self.host_fill.fill_program(shape[0], shape[1], np.dtype(dtype).name, self.device)
-            self.info["fill"] = "compiled" if self.program is not None else "numpy (fallback)"
-            if self.program is not None:
-                self.info["device_temp_bytes"] = self.program.memory_analysis().temp_size_in_bytes
-            return True
-        if self.strategy not in ("jit_zeros", "jit_chunks"):
-            return True
-        if self.strategy == "jit_zeros":
+            def fill(row):    # one row per step, no unroll: an unrolled scan reshapes host values
+                _, out = jax.lax.scan(lambda c, _: (c, jax.device_put(row, jax.memory.Space.Host)), None,
+                                      length=shape[0])
+                return out
+            row = jax.ShapeDtypeStruct((shape[1],), np.dtype(dtype), sharding=jax.sharding.SingleDeviceSharding(
+                self.device))
+            traced = jax.jit(fill, out_shardings=self.host).trace(row)
+            self.args = (jax.device_put(np.zeros(shape[1], dtype), self.device),)
+        elif self.strategy == "jit_zeros":
             traced = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=self.host).trace()
         else:
             rows = shape[0]
@@ -129,10 +130,6 @@ class Build:
             return jax.device_put(np.zeros(self.shape, self.dtype), self.host)
         if self.strategy == "numpy_empty":
             return jax.device_put(np.empty(self.shape, self.dtype), self.host)
-        if self.strategy == "compiled_rows":
-            if self.program is None:
-                return jax.device_put(np.zeros(self.shape, self.dtype), self.host)
-            return self.program(jax.device_put(np.zeros(self.shape[1], self.dtype), self.device))
         return self.program(*self.args)
 
 
@@ -202,20 +199,19 @@ def child_engine(strategy, gib) -> dict:
     gc.collect()
     rss0 = rss_bytes()
     t0 = time.perf_counter()
-    engine = TransferEngine(layout, {"kv": 16, "swa": 4}, host_pages, host_memory_limit_bytes=1 << 50,
-                            host_fill=strategy.split("_")[1])
+    engine = TransferEngine(layout, {"kv": 16, "swa": 4}, host_pages, host_memory_limit_bytes=1 << 50)
     t1 = time.perf_counter()
     pools = engine.init_device_pools()
     step = jax.jit(lambda p: sum(jnp.sum(x[:, :1].astype(jnp.float32)) for x in p.values()))
     float(step(pools))
     t2 = time.perf_counter()
-    jax.block_until_ready(list(engine.host.buffers.values()))
+    buffers = engine.host.buffers
+    jax.block_until_ready(list(buffers.values()))
     t3 = time.perf_counter()
     nbytes = engine.host.nbytes
-    rows = {a: b.shape[0] for a, b in engine.host.buffers.items()}
-    zeros = all(sampled_rows_zero(jax, np, b, rows[a]) for a, b in engine.host.buffers.items())
-    return {"strategy": strategy, "gib": nbytes / 2**30, "host_pages": host_pages,
-            "fills": {a: str(f) for a, f in engine.host.fills.items()}, "constructor_s": t1 - t0,
+    rows = {a: b.shape[0] for a, b in buffers.items()}
+    zeros = all(sampled_rows_zero(jax, np, b, rows[a]) for a, b in buffers.items())
+    return {"strategy": strategy, "gib": nbytes / 2**30, "host_pages": host_pages, "constructor_s": t1 - t0,
             "first_device_step_s": t2 - t0, "total_s": t3 - t0, "s_per_gib": (t3 - t0) / (nbytes / 2**30),
             "rss_growth_gib": (rss_bytes() - rss0) / 2**30, "zeros_ok": zeros}
 
@@ -242,6 +238,9 @@ def rotated(items: list, k: int) -> list:
     return items[k:] + items[:k]
 
 
+KEYS = ("warm_s_per_gib", "first_device_step_s", "constructor_s", "dispatch_s", "rss_growth_gib")
+
+
 def summarise(runs) -> dict:
     out = {}
     for rec in runs:
@@ -251,7 +250,7 @@ def summarise(runs) -> dict:
         cell["rounds"] += 1
         cell.setdefault("_t", []).append(rec["total_s"])
         cell.setdefault("_g", []).append(rec["gib"])
-        for key in ("warm_s_per_gib", "first_device_step_s", "constructor_s", "dispatch_s", "rss_growth_gib"):
+        for key in KEYS:
             if rec.get(key) is not None:
                 cell.setdefault("_" + key, []).append(rec[key])
         cell["zeros_ok"] = cell.get("zeros_ok", True) and rec.get("zeros_ok", True)
@@ -259,7 +258,7 @@ def summarise(runs) -> dict:
         for cell in size.values():
             cell["median_total_s"] = statistics.median(cell.pop("_t"))
             cell["s_per_gib"] = cell["median_total_s"] / statistics.median(cell.pop("_g"))
-            for key in ("warm_s_per_gib", "first_device_step_s", "constructor_s", "dispatch_s", "rss_growth_gib"):
+            for key in KEYS:
                 if "_" + key in cell:
                     cell["median_" + key] = statistics.median(cell.pop("_" + key))
         ref = size.get("numpy_zeros", {}).get("s_per_gib")

@@ -1,9 +1,10 @@
 """The host tier: one preallocated pinned-host buffer per allocator, `[host_pages, row_elems]`.
 
-Buffers are allocated once, at start (pinning costs a fraction of a second per GiB), zero-
-filled as `host_fill.py` describes, and afterwards only replaced by the in-place results of
-donated jits. This class owns the current buffer objects; the transfer engine swaps them as
-its jits return new ones.
+Buffers are allocated once, at start, and afterwards only replaced by the in-place results
+of donated jits. This class owns the current buffer objects; the transfer engine swaps them
+as its jits return new ones. Pinning is the cost of a start: about 0.45-0.58 s per GiB on
+the H200 machine whatever fills the buffer, and a build in a background thread held device
+work up as long (BENCHMARKS.md, "Host tier start-up").
 """
 from __future__ import annotations
 
@@ -11,11 +12,11 @@ from collections.abc import Mapping
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from hicache_jax.layout import PoolLayout
 from hicache_jax.pools.device_pools import checked_page_counts
-from hicache_jax.pools.host_fill import HostFill, zeros_on_host
 from hicache_jax.pools.host_rows import HostRowFormat
 from hicache_jax.pools.placement import HOST_MEMORY, Devices
 
@@ -26,14 +27,9 @@ class HostTier:
     Replicated allocators keep one copy, on the first device's pinned memory; `tp`
     allocators keep each rank's shard (`P(None, "tp")`). Raises ValueError at
     construction, before allocating, when the buffers would exceed `memory_limit_bytes`.
-    `fill` picks how the zero buffers are built; `fills` records, per allocator, the fill
-    that built its buffer (NUMPY where COMPILED fell back).
     """
 
-    def __init__(self, layout: PoolLayout, host_pages: Mapping[str, int], devices: Devices, memory_limit_bytes: int,
-                 fill: HostFill | str = HostFill.COMPILED):
-        if fill not in tuple(HostFill):
-            raise ValueError(f"host_fill must be one of {[f.value for f in HostFill]}, got {fill!r}")
+    def __init__(self, layout: PoolLayout, host_pages: Mapping[str, int], devices: Devices, memory_limit_bytes: int):
         self.devices = devices
         self.pages = checked_page_counts(layout, host_pages, "host_pages")
         self.formats = {a: HostRowFormat.create(layout, a, devices) for a in self.pages}
@@ -47,8 +43,7 @@ class HostTier:
                 f"host_memory_limit_bytes = {memory_limit_bytes / 2**30:.2f} GiB (XLA's pinned pool is capped "
                 f"by XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB, 64 GiB by default); ask for fewer host pages")
         self.nbytes = total
-        self.fills: dict[str, HostFill] = {}
-        self.buffers: dict[str, jax.Array] = {a: self._zeros(a, HostFill(fill)) for a in self.formats}
+        self.buffers: dict[str, jax.Array] = {a: self._zeros(a) for a in self.formats}
 
     def sharding(self, allocator: str) -> jax.sharding.Sharding:
         return self.devices.row_sharding(self.formats[allocator].sharded, HOST_MEMORY)
@@ -56,16 +51,17 @@ class HostTier:
     def shape(self, allocator: str) -> tuple[int, int]:
         return (self.pages[allocator], self.formats[allocator].row_elems)
 
-    def _zeros(self, allocator: str, fill: HostFill) -> jax.Array:
+    def _zeros(self, allocator: str) -> jax.Array:
+        fmt = self.formats[allocator]
         shape = self.shape(allocator)
-        dtype = jnp.dtype(self.formats[allocator].dtype)
-        # Built shard by shard on each shard's device, then assembled without a copy.
-        # (make_array_from_callback would lose the host memory space from the array's type.)
+        dtype = jnp.dtype(fmt.dtype)
+        # Built from numpy shard by shard: no device memory is used, and np.zeros pages
+        # are only touched as they are copied into pinned memory. (make_array_from_callback
+        # would lose the host memory space from the array's type.)
         sharding = self.sharding(allocator)
-        built = [zeros_on_host(_shard_shape(shape, index), dtype, device, fill)
-                 for device, index in sharding.addressable_devices_indices_map(shape).items()]
-        self.fills[allocator] = HostFill.NUMPY if any(f is HostFill.NUMPY for _, f in built) else fill
-        shards = [array for array, _ in built]
+        shards = [jax.device_put(np.zeros(_shard_shape(shape, index), dtype),
+                                 SingleDeviceSharding(device, memory_kind=HOST_MEMORY))
+                  for device, index in sharding.addressable_devices_indices_map(shape).items()]
         if isinstance(sharding, SingleDeviceSharding):
             return shards[0]
         return jax.make_array_from_single_device_arrays(shape, sharding, shards)

@@ -25,7 +25,7 @@ import numpy as np
 import pallas_kernels as pk
 from hicache_jax.layout import PoolLayout
 from hicache_jax.plan import Direction, TransferPlan
-from hicache_jax.pools import DevicePools, Devices, HostFill, HostRowFormat, HostTier, checked_page_counts, shard_on
+from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.plan_check import check_plan
@@ -43,8 +43,7 @@ WARMUP_MAX_RUNS = 4        # host runs per chunk whose copy programs `warmup` co
 class TransferEngine:
     """Device pools <-> pinned host pools for one layout (optionally on a `("tp",)` mesh).
 
-    Holds the host tier (allocated here, zero-filled as `host_fill` says: "compiled", the
-    default, or "numpy"; see `hicache_jax/pools/host_fill.py`). Device staging is bounded by
+    Holds the host tier (allocated here, zero-filled). Device staging is bounded by
     `max_staging_bytes` per device and allocator: a persistent buffer of `chunk_pages`
     rows for chunks with fragmented host runs, or the same amount of temporaries while a
     chunk of one whole run moves (the first device also holds a broadcast copy while
@@ -63,8 +62,7 @@ class TransferEngine:
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
                  host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
-                 block_bytes: int | None = None, pipeline_parts: int = DEFAULT_PIPELINE_PARTS,
-                 host_fill: HostFill | str = HostFill.COMPILED):
+                 block_bytes: int | None = None, pipeline_parts: int = DEFAULT_PIPELINE_PARTS):
         self.layout = layout
         self.devices = Devices.create(mesh)
         self._device = DevicePools(layout, device_pages, self.devices)
@@ -82,7 +80,7 @@ class TransferEngine:
                                  f"{a!r} ({row_bytes:,} B per device)")
             # no batch is larger than either tier, and a host copy never exceeds the host pool
             chunk_pages[a] = min(pages, MAX_CHUNK_PAGES, _floor_pow2(min(self._device.pages[a], host_counts[a])))
-        self.host = HostTier(layout, host_counts, self.devices, host_memory_limit_bytes, host_fill)
+        self.host = HostTier(layout, host_counts, self.devices, host_memory_limit_bytes)
         self._programs = {
             a: AllocatorPrograms(fmt, [self._device.shape(s) for s in fmt.pools], self.devices,
                                  lambda a=a: self.host.buffers[a], chunk_pages[a], self.kernels, block_bytes)

@@ -79,10 +79,10 @@ def test_bench_host_tier_smoke(tmp_path):
     result = json.loads((tmp_path / "host_tier.json").read_text())
     cells = result["summary"]["0.02"]
     assert set(cells) == {"numpy_zeros", "numpy_empty", "compiled_rows", "jit_zeros", "jit_chunks",
-                          "engine_numpy", "engine_compiled"}
+                          "engine"}
     assert all(c["zeros_ok"] and c["s_per_gib"] > 0 for c in cells.values())
     assert all(r.get("host_compute", []) == [] and "error" not in r for r in result["runs"])
-    assert {r["fill"] for r in result["runs"] if r["strategy"] == "compiled_rows"} == {"compiled"}
+    assert all(r["first_device_step_s"] > 0 for r in result["runs"] if r["strategy"].startswith("engine"))
     assert result["jax"] and result["date"] and result["device"]
 
 
