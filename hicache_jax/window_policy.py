@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterable
 
 _EVERY_N = re.compile(r"ends\+every_(\d+)")
-_DEFAULT_EVERY = 8           # pages; see BENCHMARKS.md, "Window policy", for the choice
+_DEFAULT_EVERY = 4           # pages; see BENCHMARKS.md, "Window policy", for the choice
 DEFAULT_WINDOW_POLICY = f"ends+every_{_DEFAULT_EVERY}"
 
 
