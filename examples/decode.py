@@ -52,9 +52,9 @@ def serve(args, model, cache: hc.HiCache, pools=None) -> list[Outcome]:
         prompt = prev if t == 0 else np.concatenate([prev, follow[c][t]])
         preempt = args.gen_tokens // 2 if cached and args.preempt_every and (i + 1) % args.preempt_every == 0 else None
         if cached:
-            out = run_cached(cache, model, prompt, args.gen_tokens, preempt_at=preempt)
+            out = run_cached(cache, model, prompt, args.gen_tokens, preempt_at=preempt, window_policy=args.policy)
             if out.resume_len is not None:   # preempted: resume at once, recomputing the partial page
-                out = run_cached(cache, model, prompt, args.gen_tokens, out=out)
+                out = run_cached(cache, model, prompt, args.gen_tokens, out=out, window_policy=args.policy)
         else:
             pools, out = run_uncached(model, pools, prompt, args.gen_tokens)
         history[c] = np.concatenate([prompt, np.asarray(out.tokens, np.int32)])
@@ -116,6 +116,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--host-pages", type=int, default=64, help="host tier size, in pages per allocator")
     ap.add_argument("--write-policy", default="write_through", choices=[p.value for p in hc.WritePolicyName],
                     help="when device pages are backed up to the host")
+    ap.add_argument("--window-policy", default=hc.DEFAULT_WINDOW_POLICY, metavar="POLICY",
+                    help="page boundaries that keep their SWA pages (stop points where a later request can "
+                         "resume): every, ends (request ends only) or ends+every_N (and every N pages)")
     ap.add_argument("--system-tokens", type=int, default=512, help="shared system prompt length")
     ap.add_argument("--user-tokens", type=int, default=400, help="first user message: this many tokens, up to twice")
     ap.add_argument("--followup-tokens", type=int, default=120, help="follow-up message: this many tokens, up to +63")
@@ -137,6 +140,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("system_tokens", "user_tokens", "followup_tokens", "preempt_every"):
         if getattr(args, name) < 0:
             ap.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    try:
+        args.policy = hc.WindowPolicy.parse(args.window_policy)
+    except ValueError as e:
+        ap.error(f"--window-policy {args.window_policy}: {e}")
     config = pathlib.Path(args.config)
     if not config.exists() and not config.is_absolute() and (ROOT / config).exists():
         config = ROOT / config
@@ -187,11 +194,7 @@ def main(argv=None) -> int:
     print(f"{layout.model.name}: {len(layout.pools)} pools, {args.requests} requests, device {args.device_pages} pages, "
           f"host {args.host_pages} pages, {args.write_policy}, jax {jax.__version__} on {jax.devices()[0].platform}",
           flush=True)
-    # the weights are random, seeded: the seed names them in storage keys
-    cache = hc.HiCache(layout, hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
-                                                write_policy=args.write_policy, check_invariants=args.check,
-                                                storage=args.storage, storage_prefetch_policy=args.prefetch_policy,
-                                                storage_model_id=f"{layout.model.name}/tiny-seed{args.seed}"))
+    cache = make_cache(args)
     print("compiling the transfer programs and the model (a one-off, some seconds) ...", flush=True)
     cache.warmup(args.max_pages)
     warm_up(model, cache)
@@ -207,10 +210,21 @@ def main(argv=None) -> int:
     if args.metrics_out:
         pathlib.Path(args.metrics_out).write_text(cache.metrics_text())
     result = outcome_fields(cache, with_cache, without)
-    result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy)
+    result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
+                  window_policy=args.policy.name)
     cache.close()
     print(json.dumps(result))
     return 0 if same else 1
+
+
+def make_cache(args) -> hc.HiCache:
+    """The cache the flags describe."""
+    layout = args.layout
+    # the weights are random, seeded: the seed names them in storage keys
+    return hc.HiCache(layout, hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
+                                               write_policy=args.write_policy, check_invariants=args.check,
+                                               storage=args.storage, storage_prefetch_policy=args.prefetch_policy,
+                                               storage_model_id=f"{layout.model.name}/tiny-seed{args.seed}"))
 
 
 def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[Outcome]) -> dict:
@@ -230,6 +244,27 @@ def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[O
         "host_hit_per_request": [o.host_hit for o in with_cache],
         "storage_hit_per_request": [o.storage_hit for o in with_cache],
         "dropped_tokens": dict(s.dropped_tokens),
+        **window_fields(cache, with_cache),
+    }
+
+
+def window_fields(cache: hc.HiCache, with_cache: list[Outcome]) -> dict:
+    """What the window policy trades: host bytes written per token backed up (kv and its
+    sidecars, plus the SWA pages kept and their state rows), against prompt tokens found in
+    the cache (device or host) per prompt token served (a resumed request's counted again)."""
+    s = cache.stats()
+    hits = sum(o.device_hit + o.host_hit for o in with_cache)
+    served = hits + sum(o.computed for o in with_cache)
+    # an allocator's tokens are counted on each pool that moves with it: take its first one
+    backed = {a: s.backup_tokens.get(cache.layout.moving_with(a)[0].name, 0) if a else 0
+              for a in (cache.anchor, cache.swa_allocator)}
+    tokens = backed[cache.anchor]
+    return {
+        "hit_tokens": hits,
+        "hit_rate": round(hits / served, 6) if served else 0.0,
+        "backup_tokens": tokens,
+        "backup_window_tokens": backed[cache.swa_allocator],
+        "host_bytes_per_cached_token": round(sum(s.backup_bytes.values()) / tokens, 3) if tokens else 0.0,
     }
 
 

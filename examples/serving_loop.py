@@ -6,7 +6,8 @@ token). Every forward is one aligned chunk of `model.chunk_size` positions
 function of the token history wherever that history came from. With the cache:
 
     acquire (match, lock, load back a host hit) -> alloc the rest -> prefill + decode
-          -> insert whole pages (with their SWA pages) -> free the rest -> unlock -> step
+          -> insert whole pages (with the SWA pages the window policy keeps) -> free the rest
+          -> unlock -> step
 """
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ import jax
 import numpy as np
 
 import hicache_jax as hc
+
+EVERY_PAGE = hc.WindowPolicy.parse("every")     # every page boundary stays a stop point
 
 
 @dataclasses.dataclass
@@ -82,9 +85,12 @@ class PagedRequest:
 
 
 def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outcome | None = None,
-               preempt_at: int | None = None, stop_tokens: frozenset[int] = frozenset()) -> Outcome:
+               preempt_at: int | None = None, stop_tokens: frozenset[int] = frozenset(),
+               window_policy: hc.WindowPolicy = EVERY_PAGE) -> Outcome:
     """Serve one request through `cache`. With `preempt_at`, leave after that many tokens
-    (whole pages stay cached, the rest is recomputed on resume: `out.resume_len`)."""
+    (whole pages stay cached, the rest is recomputed on resume: `out.resume_len`).
+    `window_policy`: the page boundaries whose SWA pages the tree keeps, the others are freed
+    (default: every page, as chat.py serves; decode.py passes its --window-policy)."""
     P = model.page_size
     swa_alloc = cache.swa_allocator
     out = out or Outcome([], [], 0.0)
@@ -114,9 +120,11 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     cache.set_device_pools(req.pools)
     n = len(req.seq) - 1          # the last token was sampled, not yet computed
     whole = n // P
-    # the tree keeps the SWA page of every whole page computed here (any of them may become
-    # a prefix boundary); under SWA pressure it drops the least recently used ones
-    keep = {q: swa[q] for q in range(first, whole)} if swa_alloc else {}
+    # the tree keeps the SWA pages of the windows ending at the policy's stop points, where a
+    # later request may resume (always the last whole page boundary of `n`: a resume after
+    # preemption, or the next turn); under SWA pressure it drops the least recently used ones
+    pages = window_policy.keep_pages(n, P, cache.window_pages, first) if swa_alloc else ()
+    keep = {q: swa[q] for q in sorted(pages)}
     if not out.finished:
         out.resume_len = cache.retract(req.seq[:n], req.anchor[:-(-n // P)], keep)
         extra_pages = req.anchor[-(-n // P):]

@@ -11,6 +11,7 @@ from hicache_jax.config import HiCacheConfig, ModelConfig, WritePolicyName, load
 from hicache_jax.layout import PoolLayout, PoolSpec, build_layout
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
 from hicache_jax.tree import EvictResult, InsertResult, LockId, MatchResult, Refusal
+from hicache_jax.window_policy import DEFAULT_WINDOW_POLICY, WindowPolicy
 
 __version__ = "0.1.0"
 
@@ -28,6 +29,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hicache_jax' has no attribute {name!r}")
 
 
-__all__ = ["EvictResult", "HiCacheConfig", "InsertResult", "LoadBack", "LockId", "MatchResult", "ModelConfig",
-           "PoolLayout", "PoolSpec", "Prefix", "Refusal", "StepReport", "WritePolicyName", "__version__",
-           "build_layout", "load_model_config", *_LAZY]
+__all__ = ["DEFAULT_WINDOW_POLICY", "EvictResult", "HiCacheConfig", "InsertResult", "LoadBack", "LockId",
+           "MatchResult", "ModelConfig", "PoolLayout", "PoolSpec", "Prefix", "Refusal", "StepReport", "WindowPolicy",
+           "WritePolicyName", "__version__", "build_layout", "load_model_config", *_LAZY]

@@ -30,6 +30,15 @@ def test_bench_decode_smoke(tmp_path):
     assert result["runs"][0]["host_hit_tokens"] > 0
 
 
+@pytest.mark.slow
+def test_bench_window_policy_smoke(tmp_path):
+    result = run("bench_window_policy.py", tmp_path)
+    runs = {r["window_policy"]: r for r in result["runs"]}
+    assert set(runs) == {"every", "ends", result["default"]} and all(r["identical"] for r in runs.values())
+    assert runs["every"]["window_pages_per_kv_page"] == 1.0 and runs["every"]["hit_rate"] > 0
+    assert result["flash_page_bytes"] == {"kv": 998208, "swa": 8160000}
+
+
 def test_bench_storage_smoke(tmp_path):
     result = run("bench_storage.py", tmp_path, "--dir", str(tmp_path / "disk"))
     backends = {r["backend"] for r in result["runs"]}

@@ -1,4 +1,4 @@
-"""The control plane (layout, allocators, tree, plans) and the L3 storage tier never import jax."""
+"""The control plane (layout, allocators, tree, plans, window policy) and the L3 storage tier never import jax."""
 import subprocess
 import sys
 
@@ -20,6 +20,7 @@ core.insert(np.arange(512, dtype=np.int32), got['kv'], {'swa': {1: int(got['swa'
 batch = core.take_backup_batch()
 core.ack_backup(batch.ack_id)
 core.check_invariants()
+assert hc.WindowPolicy.parse('ends+every_4').keep_pages(2560, 256, 2) == {2, 3, 6, 7, 8, 9}
 from hicache_jax.storage import MemoryBackend, StorageTier, open_backend
 import hicache_jax.storage.tensorstore_backend, hicache_jax.storage.mooncake_server
 tier = StorageTier(layout, open_backend('memory://'))

@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+import hicache_jax as hc
 from conftest import CONFIGS
 from examples import decode
 
@@ -22,6 +23,12 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
     assert result["identical"] is True and code == 0
     assert result["host_hit_tokens"] > 0 and result["load_bytes"] > 0 and result["backup_bytes"] > 0
     assert result["recomputed_tokens"] < result["no_cache_computed_tokens"]
+    # the default window policy: SWA pages at request ends and every N pages only
+    assert result["window_policy"] == hc.DEFAULT_WINDOW_POLICY
+    assert result["hit_tokens"] == result["host_hit_tokens"] + result["device_hit_tokens"]
+    assert 0 < result["hit_rate"] < 1 and result["host_bytes_per_cached_token"] > 0
+    if config != "tiny_gqa":
+        assert 0 < result["backup_window_tokens"] <= result["backup_tokens"]
     text = metrics.read_text()
     assert "hicache_load_back_bytes_total" in text and "hicache_hit_tokens_total" in text
 
@@ -34,6 +41,7 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
     (["--max-pages", "16", "--system-tokens", "3000"], "but --device-pages is 8: raise --device-pages"),
     (["--preempt-every", "-1"], "--preempt-every must be >= 0, got -1"),
     (["--requests", "0"], "--requests must be >= 1, got 0"),
+    (["--window-policy", "ends+every_0"], "--window-policy ends+every_0: window policy 'ends+every_0': expected"),
 ])
 def test_bad_flags_are_one_line_before_any_work(argv, flag, capsys, monkeypatch):
     monkeypatch.setattr(decode, "make_model", lambda *a, **k: pytest.fail("work started before the flags were checked"))
@@ -48,6 +56,6 @@ def test_every_flag_has_help_with_its_default(capsys):
         decode.main(["--help"])
     out = capsys.readouterr().out
     for flag in ("--seed", "--requests", "--device-pages", "--host-pages", "--write-policy", "--max-pages",
-                 "--preempt-every", "--metrics-out"):
+                 "--preempt-every", "--metrics-out", "--window-policy"):
         assert flag in out
-    assert out.count("(default:") >= 14
+    assert out.count("(default:") >= 15
