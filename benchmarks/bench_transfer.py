@@ -241,24 +241,34 @@ def dump_hlo(bench: Bench, engine):
                 f.write(compiled.as_text())
 
 
-def kv_engines_section(bench: Bench, cfg_path: str, key: str, engines, n_list, kv_max: int):
+def kv_engines_section(bench: Bench, cfg_path: str, key: str, engines, n_list, kv_max: int, rounds: int = 3):
     """Backup / load GB/s of long single-run kv transfers through engines built otherwise:
-    `engines` = [(label, TransferEngine keyword arguments)] (staging caps, kernels)."""
+    `engines` = [(label, TransferEngine keyword arguments)] (staging caps, kernels). The
+    engines take turns, `rounds` times (each turn paired with its own contiguous copies), so
+    drift of the machine hits every engine alike; medians of the rounds."""
     layout = hc.build_layout(hc.load_model_config(cfg_path))
     dev_total, host_total = {"kv": 2 * kv_max, "swa": 2}, {"kv": kv_max + 64, "swa": 2}
-    out = {}
-    pools = None
+    built = []
     for label, kw in engines:
         kw = {"block_bytes": bench.block_bytes, "kernels": bench.kernels, **kw}
-        engine = TransferEngine(layout, dev_total, host_total, **kw)
-        if pools is None:
-            pools = random_pools(engine, 9)
-        rng = np.random.default_rng(4)
-        for n in n_list:
-            pools, r = paired(bench, engine, pools, layout, {"kv": n}, rng, dev_total, host_total)
-            out[f"{label}/n{n}"] = {"chunk_pages": engine.chunk_pages("kv"), "kernels": engine.kernels, **gbps(r)}
-            print(key, f"{label} n={n}", out[f"{label}/n{n}"], flush=True)
-        del engine
+        built.append((label, TransferEngine(layout, dev_total, host_total, **kw)))
+    pools = random_pools(built[0][1], 9)
+    samples: dict = {}
+    for r in range(rounds):
+        for label, engine in built:
+            rng = np.random.default_rng(4 + r)
+            for n in n_list:
+                pools, res = paired(bench, engine, pools, layout, {"kv": n}, rng, dev_total, host_total)
+                samples.setdefault(f"{label}/n{n}", []).append(gbps(res))
+                print(key, f"round {r} {label} n={n}", {k: round(v, 3) if isinstance(v, float) else v
+                                                        for k, v in samples[f"{label}/n{n}"][-1].items()}, flush=True)
+    out = {}
+    for name, rows in samples.items():
+        engine = dict(built)[name.split("/")[0]]
+        out[name] = {"chunk_pages": engine.chunk_pages("kv"), "kernels": engine.kernels, "rounds": len(rows),
+                     "exact": all(r["exact"] for r in rows),
+                     **{k: float(np.median([r[k] for r in rows])) for k in rows[0] if k != "exact"}}
+    del built
     bench.results[key] = out
 
 
