@@ -111,25 +111,32 @@ def make_plan(
     *,
     device_capacity: Mapping[str, int] | None = None,
     host_capacity: Mapping[str, int] | None = None,
+    validate: bool = True,
 ) -> TransferPlan:
     """Build a validated plan from `{allocator: (device pages, host pages)}`.
 
     Raises ValueError (naming the values) for an unknown allocator, unequal lengths,
     negative, duplicate or out-of-capacity pages. Allocators that carry no byte-holding
-    pool (a lone anchor) still appear: their pages are bookkeeping only.
+    pool (a lone anchor) still appear: their pages are bookkeeping only. `validate=False`
+    (the tree, whose ledger hands out each page once) takes i32 arrays as they are and
+    leaves the page checks to the engine, which makes them before anything moves.
     """
     direction = Direction(direction)
     batches = []
     for allocator in sorted(pages):
         spec = _allocator_spec(layout, allocator)
-        dev = _as_pages(pages[allocator][0], f"{allocator} device pages")
-        host = _as_pages(pages[allocator][1], f"{allocator} host pages")
+        if validate:
+            dev = _as_pages(pages[allocator][0], f"{allocator} device pages")
+            host = _as_pages(pages[allocator][1], f"{allocator} host pages")
+        else:
+            dev, host = (np.asarray(a, np.int32) for a in pages[allocator])
         if dev.shape != host.shape:
             raise ValueError(f"{allocator}: {dev.size} device pages but {host.size} host pages")
         order = np.argsort(host, kind="stable")
         dev, host = dev[order], host[order]
-        _check_unique_in_range(np.sort(dev), f"{allocator} device pages", (device_capacity or {}).get(allocator))
-        _check_unique_in_range(host, f"{allocator} host pages", (host_capacity or {}).get(allocator))
+        if validate:
+            _check_unique_in_range(np.sort(dev), f"{allocator} device pages", (device_capacity or {}).get(allocator))
+            _check_unique_in_range(host, f"{allocator} host pages", (host_capacity or {}).get(allocator))
         pools = tuple(p.name for p in layout.moving_with(spec.name))
         batches.append(PageBatch(allocator, pools, dev, host, coalesce(host)))
     return TransferPlan(direction, tuple(batches))

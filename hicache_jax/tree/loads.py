@@ -128,7 +128,7 @@ class ReadPath:
                 self._book.own(n, load_id)
             if needs[c.index]:
                 pages[c.name] = (dev, np.asarray(host, np.int32))
-        plan = make_plan(self._layout, Direction.LOAD, pages)
+        plan = make_plan(self._layout, Direction.LOAD, pages, validate=False)
         table, windows = self._matcher.device_tables(chain)
         return None, LoadJob(load_id, plan, node.id, match.total_len, full_pages * page, table, windows,
                              self._locks.lock(node))   # the caller's pin, from now until it unlocks

@@ -98,7 +98,8 @@ class WritePath:
                 pages[c.name] = (dev, host)
         self.needs_flush = False
         full = pages[self._components.anchor.name][0].size
-        return BackupBatch(ack, make_plan(self._layout, Direction.BACKUP, pages), full * self._layout.page_size)
+        return BackupBatch(ack, make_plan(self._layout, Direction.BACKUP, pages, validate=False),
+                           full * self._layout.page_size)
 
     # -- completion --------------------------------------------------------------------------
     def ack_backup(self, ack: AckId) -> list[Node]:

@@ -49,7 +49,11 @@ class TreeMachine(RuleBasedStateMachine):
 
     # -- the simulated data plane ---------------------------------------------------------
     def dispatch(self, plan, src, dst):
-        for b in plan.batches:
+        for b in plan.batches:   # the tree's plans skip make_plan's checks: every page once, in range
+            for tier, pages in ((Tier.DEVICE, b.device_pages), (Tier.HOST, b.host_pages)):
+                cap = self.c.ledger.allocators(tier)[b.allocator].capacity
+                assert len(set(pages.tolist())) == pages.size and all(0 <= p < cap for p in pages.tolist()), b
+            assert b.host_pages.tolist() == sorted(b.host_pages.tolist()), b
             for d, h in zip(b.device_pages.tolist(), b.host_pages.tolist()):
                 s, t = ((b.allocator, d), (b.allocator, h)) if src == "device" else ((b.allocator, h), (b.allocator, d))
                 self.mem[dst][t] = self.mem[src].get(s, GARBAGE)
