@@ -106,8 +106,8 @@ class Flights:
 
     @staticmethod
     def _settle(flight: _Flight) -> None:
-        """Wait out every dispatched piece, errors ignored: before a transfer fails, nothing
-        of it may still be writing into pages the failure path frees."""
+        """Wait out every dispatched piece, errors ignored: before a transfer fails because a
+        piece raised, its other pieces must stop writing into pages the failure path frees."""
         for h in flight.handles:
             try:
                 h.wait()
@@ -139,7 +139,8 @@ class Flights:
             return None
         del self._flights[tid]
         if cause is not None:
-            self._settle(flight)
+            if cause is not FailureCause.TIMEOUT:   # a timed-out piece may never end: do not wait on it
+                self._settle(flight)
             self._fail(tid, cause)
             return False
         if tid.direction is Direction.BACKUP:
