@@ -59,8 +59,8 @@ class RadixTree:
             if child is None:
                 break
             span = min(len(child.tokens), n - pos)
-            # the key matched the first page; a byte compare (memcmp) settles the rest at once
-            if child.tokens[page:span].tobytes() == tokens[pos + page:pos + span].tobytes():
+            # the key matched the first page; one compare settles the rest
+            if _same(child.tokens[page:span], tokens[pos + page:pos + span]):
                 matched = span
             else:
                 diff = np.flatnonzero(child.tokens[:span] != tokens[pos:pos + span])
@@ -148,3 +148,13 @@ class RadixTree:
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
+
+
+_COPY_COMPARE_MAX = 1 << 14   # tokens: below, two byte copies and a memcmp are the cheapest compare
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Equal token runs of equal length; long runs are compared in place (no copies)."""
+    if a.size <= _COPY_COMPARE_MAX:
+        return a.tobytes() == b.tobytes()
+    return bool(np.array_equal(a, b))

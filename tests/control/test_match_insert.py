@@ -136,3 +136,21 @@ def test_check_invariants_catches_corruption():
     node.state = Residency.HOST
     with pytest.raises(TreeStateError, match="device pages present in state host"):
         c.check_invariants()
+
+
+def test_long_nodes_match_exactly_where_they_differ():
+    """A node longer than the short-compare limit (70 pages, 17,920 tokens): a prompt that
+    differs in its last pages, or only in one token deep inside, matches up to that page."""
+    c = core("tiny_gqa", dev=160, host=16)
+    blocks = list(range(1, 71))
+    _, got = put(c, seq(*blocks))
+    assert c.tree.num_nodes == 1 and len(c.tree.root.children) == 1
+    assert c.match_prefix(query(seq(*blocks))).device_len == 70 * P
+    assert c.match_prefix(query(seq(*blocks[:66], 99, 98))).device_len == 66 * P
+    late = query(seq(*blocks)).copy()
+    late[69 * P + 5] += 1                      # one token of the last page
+    assert c.match_prefix(late).device_len == 69 * P
+    deep = query(seq(*blocks)).copy()
+    deep[3 * P + 1] += 1
+    m = c.match_prefix(deep)
+    assert m.device_len == 3 * P and m.device_pages.tolist() == got["kv"][:3].tolist()
