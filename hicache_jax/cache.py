@@ -209,10 +209,7 @@ class HiCache:
         tid = TransferId(Direction.LOAD, load.load_id)
         if tid in self._flights:
             self._flights.complete(tid, blocking=True)
-        if load.load_id in self._flights.failed_loads:
-            self._flights.failed_loads.discard(load.load_id)
-            return False
-        return True
+        return not self._flights.take_failure(load.load_id)
 
     # -- write path and pages -----------------------------------------------------------------
     def alloc(self, pages: int, swa_pages: int = 0) -> dict[str, np.ndarray] | None:
@@ -315,11 +312,9 @@ class HiCache:
 
     # -- the step boundary ------------------------------------------------------------------
     def step(self) -> StepReport:
-        """Dispatch the merged backups of this step (paced ones: up to `backup_bytes_per_step`,
-        oldest first) and apply every completed transfer."""
+        """Dispatch this step's backups (paced: `backup_bytes_per_step`); apply every completed transfer."""
         tokens = self._dispatch_backups()
-        if self.config.backup_bytes_per_step is not None:
-            self._flights.pump(self.config.backup_bytes_per_step)
+        self._flights.pump(self.config.backup_bytes_per_step)
         completed, failed = [], []
         for tid in self._flights.ids():
             ok = self._flights.complete(tid, blocking=False)
@@ -360,9 +355,9 @@ class HiCache:
 
     def _dispatch_backups(self) -> int:
         # a queued demotion's device pages are free already: its batch goes whole, now
-        paced = None if self.core.needs_flush else self.config.backup_bytes_per_step
+        pieces = None if self.core.needs_flush else self.config.backup_bytes_per_step
         batch = self.core.take_backup_batch()
-        if batch is None or not self._start(batch.transfer, batch.plan, piece_bytes=paced):
+        if batch is None or not self._start(batch.transfer, batch.plan, piece_bytes=pieces):
             return 0
         return batch.tokens
 

@@ -49,7 +49,7 @@ class Flights:
         self._layout, self._core, self._engine, self._tally = layout, core, engine, tally
         self._clock, self._timeout_s, self._on_acked, self._pools = clock, timeout_s, on_acked, pools
         self._flights: dict[TransferId, _Flight] = {}
-        self.failed_loads: set[int] = set()     # started loads that failed, until `wait` reports them
+        self._failed_loads: set[int] = set()    # started loads that failed, until `take_failure` reports them
 
     def ids(self) -> set[TransferId]:
         return set(self._flights)
@@ -76,10 +76,18 @@ class Flights:
         self._flights[tid] = _Flight(plan, now, host_tokens, [handle], last_dispatch=now)
         return pools, True
 
-    def pump(self, budget: int) -> int:
+    def take_failure(self, load_id: int) -> bool:
+        """True, once, if the started load `load_id` failed."""
+        failed = load_id in self._failed_loads
+        self._failed_loads.discard(load_id)
+        return failed
+
+    def pump(self, budget: int | None) -> int:
         """Dispatch paced pieces, oldest transfer first, up to `budget` bytes (at least one
-        piece when any waits); returns the bytes dispatched."""
+        piece when any waits; None: pacing is off); returns the bytes dispatched."""
         used = 0
+        if budget is None:
+            return 0
         for tid, flight in list(self._flights.items()):
             while flight.rest and (used == 0 or used + flight.rest[0].nbytes(self._layout) <= budget):
                 size = flight.rest[0].nbytes(self._layout)
@@ -157,4 +165,4 @@ class Flights:
         (self._core.fail_backup if tid.direction is Direction.BACKUP else self._core.fail_load)(tid.number)
         self._tally.failures[(tid.direction.value, cause.value)] += 1
         if tid.direction is Direction.LOAD and cause is not FailureCause.START:
-            self.failed_loads.add(tid.number)
+            self._failed_loads.add(tid.number)

@@ -153,7 +153,7 @@ def split_plan(plan: TransferPlan, layout: PoolLayout, max_bytes: int) -> list[T
     for b in plan.batches:
         if b.num_pages == 0:
             continue
-        per_page = sum(layout.pool(n).num_layers * layout.pool(n).page_bytes for n in b.pools)
+        per_page = layout.page_bytes_of(b.allocator)
         step = max(1, max_bytes // per_page) if per_page else b.num_pages
         for lo in range(0, b.num_pages, step):
             dev, host = b.device_pages[lo:lo + step], b.host_pages[lo:lo + step]

@@ -168,7 +168,7 @@ class TransferEngine:
             progs.compiled(*key)
         for runs in self._warm_plans(max_pages):
             for backup in (True, False):
-                self._plan_programs.compiled(backup, tuple((a, n, min(self._parts, n)) for a, n in runs))
+                self._plan_programs.compiled(backup, tuple((a, *self._run_key(n, backup)[1:]) for a, n in runs))
         return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
 
     def _warm_plans(self, max_pages: int | None) -> list[tuple[tuple[str, int], ...]]:

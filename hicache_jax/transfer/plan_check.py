@@ -58,8 +58,7 @@ def _check_runs(batch: PageBatch, host: np.ndarray) -> None:
     """`host_runs` tile 0..n-1 in order and each names consecutive host pages."""
     if len(batch.host_runs) == 1:          # the common case, without building arrays
         run = batch.host_runs[0]
-        if run.offset == 0 and run.length == host.size and host[0] == run.host_start \
-                and host[-1] == run.host_start + host.size - 1 and (host.size < 3 or (np.diff(host) == 1).all()):
+        if run.offset == 0 and run.length == host.size and host[0] == run.host_start and (np.diff(host) == 1).all():
             return
     runs = np.array([(r.offset, r.host_start, r.length) for r in batch.host_runs], np.int64).reshape(-1, 3)
     offsets, starts, lengths = runs[:, 0], runs[:, 1], runs[:, 2]

@@ -101,14 +101,8 @@ class AllocatorPrograms:
         program = self._cache.get(full)
         if program is None:
             fn, args, donate, outs = _BUILDERS[name](self, *key)
-            ins = tuple(jax.tree.map(lambda a: a.sharding, args))
-            traced = jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=donate).trace(*args)
-            label = f"{self.fmt.allocator}:{name}{list(key)}"
-            bad = host_compute_violations(traced.jaxpr)
-            if bad:
-                raise RuntimeError(f"bug: transfer program {label} computes on host memory: {bad}")
-            self.jaxprs[label] = traced.jaxpr
-            program = self._cache[full] = traced.lower().compile()
+            program = self._cache[full] = _compile(fn, args, donate, outs, f"{self.fmt.allocator}:{name}{list(key)}",
+                                                   self.jaxprs)
         return program
 
     # -- pack / unpack, placed ---------------------------------------------------------------
@@ -237,14 +231,14 @@ class PlanPrograms:
 
     def __init__(self, programs: dict[str, AllocatorPrograms]):
         self._programs = programs
-        self._cache: dict[tuple, jax.stages.Compiled] = {}
+        self._cache: dict[str, jax.stages.Compiled] = {}   # by label
         self.jaxprs: dict[str, object] = {}
 
     def compiled(self, backup: bool, runs: tuple[tuple[str, int, int], ...]) -> jax.stages.Compiled:
-        key = (backup, runs)
-        program = self._cache.get(key)
+        name = Program.BACKUP_RUN if backup else Program.LOAD_RUN
+        label = f"plan:{name}{list(runs)}"
+        program = self._cache.get(label)
         if program is None:
-            name = Program.BACKUP_RUN if backup else Program.LOAD_RUN
             built = [_BUILDERS[name](self._programs[a], pages, parts) for a, pages, parts in runs]
             ends = list(itertools.accumulate(pages + 1 for _, pages, _ in runs))
             bounds = list(zip([0, *ends[:-1]], ends))
@@ -260,19 +254,24 @@ class PlanPrograms:
             read = tuple(args[1] for _, args, _, _ in built)
             index = jax.ShapeDtypeStruct((ends[-1],), jnp.int32, sharding=home)
             outs = (tuple(o for _, _, _, (o, _) in built), home)
-            args = (moved, read, index)
-            ins = tuple(jax.tree.map(lambda a: a.sharding, args))
-            traced = jax.jit(plan_run, in_shardings=ins, out_shardings=outs, donate_argnums=(0,)).trace(*args)
-            label = f"plan:{name}{list(runs)}"
-            bad = host_compute_violations(traced.jaxpr)
-            if bad:
-                raise RuntimeError(f"bug: transfer program {label} computes on host memory: {bad}")
-            self.jaxprs[label] = traced.jaxpr
-            program = self._cache[key] = traced.lower().compile()
+            program = self._cache[label] = _compile(plan_run, (moved, read, index), (0,), outs, label, self.jaxprs)
         return program
 
     def labelled(self) -> dict[str, jax.stages.Compiled]:
-        return {f"plan:{'backup' if b else 'load'}{list(runs)}": c for (b, runs), c in self._cache.items()}
+        """Every plan program compiled so far, by label."""
+        return dict(self._cache)
+
+
+def _compile(fn, args, donate, outs, label: str, jaxprs: dict) -> jax.stages.Compiled:
+    """`fn` jitted for `args` (example values carrying their shardings), its jaxpr kept in
+    `jaxprs` under `label`; RuntimeError (a bug) if it would compute on host memory."""
+    ins = tuple(jax.tree.map(lambda a: a.sharding, args))
+    traced = jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=donate).trace(*args)
+    bad = host_compute_violations(traced.jaxpr)
+    if bad:
+        raise RuntimeError(f"bug: transfer program {label} computes on host memory: {bad}")
+    jaxprs[label] = traced.jaxpr
+    return traced.lower().compile()
 
 
 _BUILDERS = {

@@ -6,7 +6,7 @@ import pytest
 
 import hicache_jax as hc
 from hicache_jax.plan import Direction, make_plan, split_plan
-from driver import Driver, P, layout, seq
+from driver import Driver, P, layout
 
 LAYOUTS = ["tiny_v4", "tiny_v41", "tiny_gqa"]
 

@@ -133,7 +133,7 @@ def test_a_plan_of_whole_runs_moves_as_one_program(name):
     t.run("backup", whole)
     t.run("load", {a: (np.array(d)[::-1], h) for a, (d, h) in whole.items()})
     plans = [k for k in t.engine.compiled_programs() if k.startswith("plan:")]
-    assert sorted(p.split("[")[0] for p in plans) == ["plan:backup", "plan:load"]
+    assert sorted(p.split("[")[0] for p in plans) == ["plan:backup_run", "plan:load_run"]
     moving = ("backup_run", "load_run", "pack", "unpack", "h2d", "d2h")  # the harness reads rows with others
     assert not [k for k in t.engine.compiled_programs() if not k.startswith("plan:") and any(m in k for m in moving)]
     t.run("load", {**whole, "kv": ([0, 2, 5], [1, 7, 30])})       # fragmented kv: per allocator
