@@ -125,13 +125,12 @@ def v4_section(bench: Bench, cfg_path: str, kv_pages, swa_pages, kv_max: int, sw
         "rounds_backup_ms": [1e3 * x["backup_s"] for x in rounds], "rounds_load_ms": [1e3 * x["load_s"] for x in rounds]}
     print("one page, all pools:", bench.results["one_page_all_pools"], flush=True)
 
-    # in place: the host buffer and the pools keep their device pointers
+    # in place: the pools keep their device pointers; a backed-up run is one block
     try:
-        hp = engine.host.buffers["kv"].unsafe_buffer_pointer()
         pp = pools["deepseek_v4_c4"].unsafe_buffer_pointer()
         pools, _ = run_pair(engine, pools, layout, {"kv": 4}, rng, dev_total, host_total, 1)
-        bench.results["in_place"] = {"host_kv": engine.host.buffers["kv"].unsafe_buffer_pointer() == hp,
-                                     "pool_c4": pools["deepseek_v4_c4"].unsafe_buffer_pointer() == pp}
+        bench.results["in_place"] = {"pool_c4": pools["deepseek_v4_c4"].unsafe_buffer_pointer() == pp,
+                                     "host_rows_held": engine.host.rows_held()}
     except Exception as e:
         bench.results["in_place"] = f"not checked: {e!r}"
 
@@ -140,16 +139,6 @@ def v4_section(bench: Bench, cfg_path: str, kv_pages, swa_pages, kv_max: int, sw
 
     for n in ([256, 4096] if not bench.smoke else []):
         breakdown(bench, engine, pools, layout, n, dev_total, host_total)
-    # overlap of DMA and pack/unpack inside one program: parts per chunk (the default again, for the spread)
-    variants, default = {}, engine._parts
-    for parts in ([1, default, 4, 8] if not bench.smoke else [default]):
-        engine._parts = parts
-        for n in ([256, 4096] if not bench.smoke else [4]):
-            pools, r = paired(bench, engine, pools, layout, {"kv": n}, rng, dev_total, host_total)
-            variants[f"parts{parts}/n{n}"] = gbps(r)
-            print("variant", f"parts{parts}/n{n}", variants[f"parts{parts}/n{n}"], flush=True)
-    engine._parts = default
-    bench.results["v4_kv_parts"] = variants
     dump_hlo(bench, engine)
 
     # fragmented host runs (random host pages)
@@ -168,77 +157,49 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
     reps = bench.reps(n)
     rng = np.random.default_rng(5)
     idx = rng.permutation(dev_total[a])[:n].astype(np.int32)
-    start = np.array([int(rng.integers(0, host_total[a] - n))], np.int32)
     args = tuple(pools[s.name] for s in progs.fmt.pools)
     out = {"pages": n, "bytes": n * progs.fmt.row_bytes}
-    sd = SingleDeviceSharding(jax.devices()[0])
-    x = jax.jit(lambda: jnp.ones((n, progs.fmt.row_elems), jnp.uint8), out_shardings=sd)()
-    dus = jax.jit(lambda h, x, o: jax.lax.dynamic_update_slice_in_dim(h, jax.device_put(x, jax.memory.Space.Host), o[0], 0),
-                  donate_argnums=0)
+    block, bigger = engine.host.block(a, n), engine.host.block(a, 2 * n)
+    whole = jax.jit(lambda h: jax.device_put(h, jax.memory.Space.Device))
     sl = jax.jit(lambda h, o: jax.device_put(jax.lax.dynamic_slice_in_dim(h, o[0], n, 0), jax.memory.Space.Device))
 
     def timed(name, fn):
         out[name + "_ms"] = 1e3 * median_s(fn, reps)
-
-    def host_dus():
-        engine.host.buffers[a] = dus(engine.host.buffers[a], x, start)
-        engine.host.buffers[a].block_until_ready()
-    timed("host_dus_only", host_dus)
-    timed("host_slice_only", lambda: sl(engine.host.buffers[a], start).block_until_ready())
+    timed("host_block_dma", lambda: whole(block).block_until_ready())
+    timed("host_slice_of_bigger_block", lambda: sl(bigger, np.array([n // 2], np.int32)).block_until_ready())
     gather = jax.jit(lambda s, i: pk.gather_pages(s, i, impl=engine.kernels, block_bytes=bench.block_bytes))
     timed("gather_kernel", lambda: jax.block_until_ready(gather(args, idx)))
-    where = np.concatenate([idx, start])
     if n <= progs.chunk_pages:
-        for parts in (1, 2, 4):
-            run = progs.compiled("backup_run", n, min(parts, n))
-            load = progs.compiled("load_run", n, min(parts, n))
+        pack = progs.compiled("pack", n)
+        timed("pack_program", lambda: pack(args, idx).block_until_ready())
+        timed("pack_and_device_put", lambda: jax.device_put(pack(args, idx), progs.host_sharding).block_until_ready())
+        load = progs.compiled("load_block", n)
+        state = {"p": tuple(x + 0 for x in args)}
 
-            def b(run=run):
-                engine.host.buffers[a], tok = run(engine.host.buffers[a], args, where)
-                tok.block_until_ready()
-            timed(f"backup_run_p{parts}", b)
-            state = {"p": tuple(x + 0 for x in args)}
-
-            def l(load=load):
-                state["p"], tok = load(state["p"], engine.host.buffers[a], where)
-                tok.block_until_ready()
-            timed(f"load_run_p{parts}", l)
-            del state
+        def l():
+            state["p"], tok = load(state["p"], block, idx)
+            tok.block_until_ready()
+        timed("load_block_program", l)
+        del state
+    del block, bigger
     # Python work of start() outside the programs: plan check, pool check, chunking
     from hicache_jax.transfer import chunks as chunking
     from hicache_jax.transfer.plan_check import check_plan
-    plan = make_plan(layout, "backup", {a: (idx, np.arange(start[0], start[0] + n))})
+    plan = make_plan(layout, "backup", {a: (idx, np.arange(n))})
     out["py_check_plan_us"] = 1e6 * median_s(lambda: check_plan(plan, layout, engine._device.pages, engine.host.pages), 50)
     out["py_check_pools_us"] = 1e6 * median_s(lambda: engine.check_device_pools(pools), 50)
     runs = [(r.offset, r.host_start, r.length) for r in plan.batch(a).host_runs]
     out["py_split_us"] = 1e6 * median_s(lambda: chunking.split(plan.batch(a).device_pages, runs, progs.chunk_pages), 50)
-    # dispatch of a host DUS program: does the call return before the copy ends?
-    f = jax.jit(lambda h, x, o: jax.lax.dynamic_update_slice_in_dim(h, jax.device_put(x, jax.memory.Space.Host), o[0], 0),
-                donate_argnums=0)
-    for label, off in (("numpy", start), ("device", jax.device_put(start, sd))):
-        engine.host.buffers[a] = f(engine.host.buffers[a], x, off)
-        engine.host.buffers[a].block_until_ready()
-        ts = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            engine.host.buffers[a] = f(engine.host.buffers[a], x, off)
-            t1 = time.perf_counter()
-            engine.host.buffers[a].block_until_ready()
-            ts.append((t1 - t0, time.perf_counter() - t0))
-        out[f"dus_offset_{label}_dispatch_ms"] = 1e3 * float(np.median([t[0] for t in ts]))
-        out[f"dus_offset_{label}_total_ms"] = 1e3 * float(np.median([t[1] for t in ts]))
     bench.results[f"breakdown_kv_{n}"] = out
     print("breakdown:", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}, flush=True)
 
 
 def dump_hlo(bench: Bench, engine):
     for key, compiled in engine.compiled_programs().items():
-        if "backup_run" in key and "256" in key and not bench.smoke:
-            with open(os.path.join(bench.out, "hlo_backup_run.txt"), "w") as f:
-                f.write(compiled.as_text())
-        if "d2h" in key and "(\'d2h\', 8, 1)" in key:
-            with open(os.path.join(bench.out, "hlo_d2h.txt"), "w") as f:
-                f.write(compiled.as_text())
+        for program in ("pack", "load_block"):
+            if f"('{program}', 256)" in key and not bench.smoke:
+                with open(os.path.join(bench.out, f"hlo_{program}.txt"), "w") as f:
+                    f.write(compiled.as_text())
 
 
 def kv_engines_section(bench: Bench, cfg_path: str, key: str, engines, n_list, kv_max: int, rounds: int = 3):

@@ -37,7 +37,6 @@ from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.storage import StorageBackend
 from hicache_jax.storage_link import StorageLink, open_store
 from hicache_jax.transfer import TransferEngine
-from hicache_jax.transfer.engine import WARMUP_MAX_RUNS
 from hicache_jax.tree import (EvictResult, InsertResult, LoadCost, LoadJob, LockId, MatchResult, NodeId, Refusal,
                               Tier, TransferId, TreeCore, as_tokens)
 
@@ -104,12 +103,12 @@ class HiCache:
         caller (e.g. to run the model with no cache at all)."""
         return self.engine.init_device_pools()
 
-    def warmup(self, max_pages: int | None = None, max_runs: int = WARMUP_MAX_RUNS) -> None:
-        """Compile the transfer programs of every plan of up to `max_pages` pages per chunk in
-        up to `max_runs` host runs, ahead of the first transfer (see `TransferEngine.warmup`)."""
+    def warmup(self, max_pages: int | None = None) -> None:
+        """Compile the transfer programs of every plan of up to `max_pages` pages per chunk,
+        ahead of the first transfer (see `TransferEngine.warmup`)."""
         if max_pages is not None:
             validate.count("max_pages", max_pages, minimum=1)
-        self.engine.warmup(max_pages, validate.count("max_runs", max_runs, minimum=1))
+        self.engine.warmup(max_pages)
 
     # -- device pools ----------------------------------------------------------------------
     @property

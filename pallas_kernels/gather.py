@@ -45,6 +45,8 @@ def gather_pages(
     flat = [_sources.flat(s) for s in sources]
     out = _sources.backend_module(backend).gather(layout, flat, jnp.asarray(indices, jnp.int32), into, interpret)
     if layout.data_elems < layout.row_elems:  # the padding: a few bytes per row, written in place
+        if into is None:  # keeps XLA's GPU compiler from fusing the kernel into the update (it fails to)
+            out = jax.lax.optimization_barrier(out)
         out = out.at[:n, layout.data_elems:].set(jnp.zeros((), dtype))
     return out
 

@@ -1,10 +1,25 @@
-"""The host tier: one preallocated pinned-host buffer per allocator, `[host_pages, row_elems]`.
+"""The host tier: pinned-host *blocks* of packed rows, and a page table per allocator.
 
-Buffers are allocated once, at start, and afterwards only replaced by the in-place results
-of donated jits. This class owns the current buffer objects; the transfer engine swaps them
-as its jits return new ones. Pinning is the cost of a start: about 0.45-0.58 s per GiB on
-the H200 machine whatever fills the buffer, and a build in a background thread held device
-work up as long (BENCHMARKS.md, "Host tier start-up").
+Every write to the host tier (a backup's host run, rows restored from L3 or a snapshot)
+becomes its own pinned array, a *block* `[2**k, row_elems]` of consecutive host pages,
+made by `jax.device_put` of rows packed on the device. Host page `p` of an allocator
+lives at row `p - start` of the block that wrote it last:
+
+    host pages   0 ........ 63 64 .. 67 68 .............. 99
+    blocks       [ block 3, 64 rows ][ 7 ][ block 9, 32 rows ]     (-1: never written: zeros)
+
+Why blocks and not one buffer: a whole pinned array is moved by the copy engines (DMA),
+both ways, outside or inside a jit; rows sliced out of a larger pinned buffer are read
+by a kernel on the SMs, slower and on the compute stream (BENCHMARKS.md, "A host hit
+through the public API"). A load of a prefix that was backed up as one run moves whole
+blocks; any other load slices the blocks it touches.
+
+Host pages are counted by the tree's allocators as before; this table only follows where
+their bytes are. A page that is written again leaves its old block; a block that holds no
+page is dropped. Blocks whose pages were partly rewritten hold dead rows, so the rows held
+may exceed the pages: the engine compacts the sparsest blocks (`overfull`, `sparsest`)
+before a write would hold more rows than the tier has pages. Pinned memory is claimed
+once, at start (`prewarm`: XLA's pinned allocator keeps it for later blocks).
 """
 from __future__ import annotations
 
@@ -20,13 +35,94 @@ from hicache_jax.pools.device_pools import checked_page_counts
 from hicache_jax.pools.host_rows import HostRowFormat
 from hicache_jax.pools.placement import HOST_MEMORY, Devices
 
+NO_BLOCK = -1
+
+
+class BlockTable:
+    """Where the host pages `0 .. capacity-1` of one allocator live (pure bookkeeping)."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.block_of = np.full(capacity, NO_BLOCK, np.int64)  # block id of each page
+        self.arrays: dict[int, jax.Array] = {}
+        self.start: dict[int, int] = {}  # first host page of each block
+        self.live: dict[int, int] = {}   # pages that still live in each block
+        self.rows = 0                    # rows of every block held
+        self.compacted = 0               # pages moved to new blocks to drop dead rows
+        self._next = 0
+
+    def release(self, pages: np.ndarray) -> None:
+        """`pages` no longer live where they were (they are about to be written)."""
+        ids, counts = np.unique(self.block_of[pages], return_counts=True)
+        for block, n in zip(ids.tolist(), counts.tolist()):
+            if block == NO_BLOCK:
+                continue
+            self.live[block] -= n
+            if self.live[block] == 0:
+                self._drop(block)
+        self.block_of[pages] = NO_BLOCK
+
+    def add(self, start: int, array: jax.Array) -> None:
+        """Register `array` (rows of host pages `start ..`) as their home; they must be released."""
+        n = int(array.shape[0])
+        if (self.block_of[start:start + n] != NO_BLOCK).any():
+            raise RuntimeError(f"bug: host pages {start}..{start + n - 1} written while they live in a block")
+        block, self._next = self._next, self._next + 1
+        self.arrays[block], self.start[block], self.live[block] = array, start, n
+        self.block_of[start:start + n] = block
+        self.rows += n
+
+    def segments(self, start: int, n: int) -> list[tuple[int, int, int]]:
+        """`(block, row, length)` of the maximal stretches of host pages `start .. start+n-1`
+        that live in one block (block NO_BLOCK: never written), in page order."""
+        ids = self.block_of[start:start + n]
+        cuts = np.flatnonzero(ids[1:] != ids[:-1]) + 1
+        out = []
+        for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+            block = int(ids[lo])
+            row = start + lo - self.start[block] if block != NO_BLOCK else 0
+            out.append((block, row, hi - lo))
+        return out
+
+    def whole(self, start: int, n: int) -> jax.Array | None:
+        """The block that is exactly host pages `start .. start+n-1`, if there is one."""
+        block = int(self.block_of[start])
+        if block == NO_BLOCK or self.start[block] != start or self.arrays[block].shape[0] != n:
+            return None
+        return self.arrays[block] if self.live[block] == n else None
+
+    def sparsest(self) -> list[int]:
+        """Blocks holding dead rows, the most dead first."""
+        dead = [(self.arrays[b].shape[0] - live, b) for b, live in self.live.items() if live < self.arrays[b].shape[0]]
+        return [b for _, b in sorted(dead, reverse=True)]
+
+    def live_pages(self, block: int) -> list[tuple[int, int]]:
+        """`(first host page, length)` of the runs of pages that still live in `block`."""
+        start, n = self.start[block], int(self.arrays[block].shape[0])
+        mine = np.flatnonzero(self.block_of[start:start + n] == block)
+        runs = np.split(mine, np.flatnonzero(np.diff(mine) != 1) + 1) if mine.size else []
+        return [(start + int(r[0]), len(r)) for r in runs]
+
+    def check_invariants(self) -> None:
+        """Every page lives in at most one block, inside it; live counts and rows add up."""
+        ids, counts = np.unique(self.block_of[self.block_of != NO_BLOCK], return_counts=True)
+        assert dict(zip(ids.tolist(), counts.tolist())) == self.live, "live counts"
+        assert self.rows == sum(int(a.shape[0]) for a in self.arrays.values()), "rows held"
+        for block, array in self.arrays.items():
+            inside = self.block_of[self.start[block]:self.start[block] + int(array.shape[0])]
+            assert (inside == block).sum() == self.live[block] > 0, f"block {block} outside its pages"
+
+    def _drop(self, block: int) -> None:
+        self.rows -= int(self.arrays.pop(block).shape[0])
+        del self.start[block], self.live[block]
+
 
 class HostTier:
-    """Pinned host buffers of every allocator that carries bytes.
+    """The pinned host blocks of every allocator that carries bytes.
 
     Replicated allocators keep one copy, on the first device's pinned memory; `tp`
     allocators keep each rank's shard (`P(None, "tp")`). Raises ValueError at
-    construction, before allocating, when the buffers would exceed `memory_limit_bytes`.
+    construction, before allocating, when the pages would exceed `memory_limit_bytes`.
     """
 
     def __init__(self, layout: PoolLayout, host_pages: Mapping[str, int], devices: Devices, memory_limit_bytes: int):
@@ -43,23 +139,41 @@ class HostTier:
                 f"host_memory_limit_bytes = {memory_limit_bytes / 2**30:.2f} GiB (XLA's pinned pool is capped "
                 f"by XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB, 64 GiB by default); ask for fewer host pages")
         self.nbytes = total
-        self.buffers: dict[str, jax.Array] = {a: self._zeros(a) for a in self.formats}
+        self.tables = {a: BlockTable(self.pages[a]) for a in self.formats}
+        self._zeros: dict[tuple[str, int], jax.Array] = {}
+        self.prewarm()
 
     def sharding(self, allocator: str) -> jax.sharding.Sharding:
         return self.devices.row_sharding(self.formats[allocator].sharded, HOST_MEMORY)
 
-    def shape(self, allocator: str) -> tuple[int, int]:
-        return (self.pages[allocator], self.formats[allocator].row_elems)
+    def rows_held(self) -> dict[str, int]:
+        """Rows of every block held, per allocator (at most its host pages after a write)."""
+        return {a: t.rows for a, t in self.tables.items()}
 
-    def _zeros(self, allocator: str) -> jax.Array:
+    def zeros(self, allocator: str, rows: int) -> jax.Array:
+        """A pinned block of `rows` zero rows: what pages never written read as."""
+        key = (allocator, rows)
+        if key not in self._zeros:
+            self._zeros[key] = self.block(allocator, rows)
+        return self._zeros[key]
+
+    def prewarm(self) -> None:
+        """Claim the tier's pinned memory now, so that blocks made while serving reuse it
+        instead of pinning fresh pages (about 0.5 s per GiB on the H200 machine)."""
+        built = [self.block(a, self.pages[a]) for a in self.formats if self.pages[a]]
+        jax.block_until_ready(built)
+        for array in built:
+            array.delete()
+
+    def block(self, allocator: str, rows: int) -> jax.Array:
+        """A new pinned block of `rows` zero rows of `allocator`, not registered anywhere."""
         fmt = self.formats[allocator]
-        shape = self.shape(allocator)
-        dtype = jnp.dtype(fmt.dtype)
+        shape = (rows, fmt.row_elems)
         # Built from numpy shard by shard: no device memory is used, and np.zeros pages
         # are only touched as they are copied into pinned memory. (make_array_from_callback
         # would lose the host memory space from the array's type.)
         sharding = self.sharding(allocator)
-        shards = [jax.device_put(np.zeros(_shard_shape(shape, index), dtype),
+        shards = [jax.device_put(np.zeros(_shard_shape(shape, index), jnp.dtype(fmt.dtype)),
                                  SingleDeviceSharding(device, memory_kind=HOST_MEMORY))
                   for device, index in sharding.addressable_devices_indices_map(shape).items()]
         if isinstance(sharding, SingleDeviceSharding):

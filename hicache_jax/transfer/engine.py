@@ -1,11 +1,13 @@
 """`TransferEngine`: moves pages of every pool between device pools (L1) and pinned host (L2).
 
     backup (device -> host):  a Pallas gather packs the chunk's pages of every pool and
-                              layer into contiguous rows; each host run is one (or a few,
-                              power-of-two sized) device->host copies into the donated host
-                              buffer, in place.
-    load   (host -> device):  each host run is copied to the device as a block; a Pallas
-                              scatter unpacks it into the donated pools, in place.
+                              layer into contiguous rows on the device; each power-of-two
+                              piece of a host run becomes a pinned block by `device_put`,
+                              outside any jit (a copy engine, beside the model's steps).
+    load   (host -> device):  a chunk that is exactly one block moves as one DMA inside
+                              a program that then unpacks it (Pallas scatter) into the
+                              donated pools; any other chunk gathers its rows block by
+                              block into a staging buffer first.
 
 Everything is dispatched asynchronously at `start`, in device stream order, so the caller
 may donate the pools to its next step at once. Plans larger than the staging cap go in
@@ -14,6 +16,7 @@ compiling once its shapes were seen (`warmup` compiles the common ones ahead).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping
@@ -26,6 +29,7 @@ import pallas_kernels as pk
 from hicache_jax.layout import PoolLayout
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
+from hicache_jax.pools.host_tier import NO_BLOCK
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.plan_check import check_plan
@@ -35,9 +39,7 @@ log = logging.getLogger("hicache_jax.transfer")
 
 DEFAULT_MAX_STAGING_BYTES = 512 << 20
 DEFAULT_HOST_MEMORY_LIMIT_BYTES = 64 << 30
-DEFAULT_PIPELINE_PARTS = 2
 MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
-WARMUP_MAX_RUNS = 4        # host runs per chunk whose copy programs `warmup` compiles
 
 
 class TransferEngine:
@@ -45,10 +47,9 @@ class TransferEngine:
 
     Holds the host tier (allocated here, zero-filled). Device staging is bounded by
     `max_staging_bytes` per device and allocator: a persistent buffer of `chunk_pages`
-    rows for chunks with fragmented host runs, or the same amount of temporaries while a
-    chunk of one whole run moves (the first device also holds a broadcast copy while
-    loading replicated pools on a mesh). Such a chunk is split into `pipeline_parts` so
-    one part's DMA overlaps the next part's pack/unpack.
+    rows for loads that gather rows from several blocks, and as much again for the rows a
+    backup packs until they are on the host (the first device also holds a broadcast copy
+    while loading replicated pools on a mesh).
 
     `kernels` picks the pack/unpack implementation, any name of `pallas_kernels.IMPLS`:
     "mosaic_gpu", "tpu", "triton", "reference" (plain jnp), a backend interpreted on the
@@ -62,15 +63,12 @@ class TransferEngine:
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
                  host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
-                 block_bytes: int | None = None, pipeline_parts: int = DEFAULT_PIPELINE_PARTS):
+                 block_bytes: int | None = None):
         self.layout = layout
         self.devices = Devices.create(mesh)
         self._device = DevicePools(layout, device_pages, self.devices)
         host_counts = checked_page_counts(layout, host_pages, "host_pages")
-        if pipeline_parts < 1 or pipeline_parts & (pipeline_parts - 1):
-            raise ValueError(f"pipeline_parts must be a power of two, got {pipeline_parts}")
         self.kernels = _resolve_kernels(kernels, self.devices.device, layout)
-        self._parts = pipeline_parts
         chunk_pages = {}
         for a in self._device.pages:  # before the host tier is allocated: fail fast
             row_bytes = HostRowFormat.create(layout, a, self.devices).rank_row_bytes
@@ -83,7 +81,8 @@ class TransferEngine:
         self.host = HostTier(layout, host_counts, self.devices, host_memory_limit_bytes)
         self._programs = {
             a: AllocatorPrograms(fmt, [self._device.shape(s) for s in fmt.pools], self.devices,
-                                 lambda a=a: self.host.buffers[a], chunk_pages[a], self.kernels, block_bytes)
+                                 functools.partial(self.host.block, a), self.host.sharding(a), chunk_pages[a],
+                                 self.kernels, block_bytes)
             for a, fmt in self.host.formats.items()
         }
         self._plan_programs = PlanPrograms(self._programs)
@@ -122,53 +121,63 @@ class TransferEngine:
             runs = [(r.offset, r.host_start, r.length) for r in batch.host_runs]
             work.append((progs, chunking.split(np.asarray(batch.device_pages, np.int32), runs, progs.chunk_pages)))
         # compile before anything moves: a compile error leaves both tiers as they were
-        whole = self._whole_plan(work, backup)
+        moves = None if backup else [[self._load_move(progs, part) for part in parts] for progs, parts in work]
+        whole = self._whole_plan(work, moves)
         if whole is not None:
             self._plan_programs.compiled(backup, whole)
-        else:
+        elif backup:
             for progs, parts in work:
                 for part in parts:
-                    self._compile(progs, part, backup)
+                    for key in self._backup_keys(part):
+                        progs.compiled(*key)
+        else:
+            for (progs, parts), chunk_moves in zip(work, moves):
+                for part, (block, pieces) in zip(parts, chunk_moves):
+                    for key in self._load_keys(progs, part, block, pieces):
+                        progs.compiled(*key)
         out = pools if backup else dict(pools)
         tokens, error = [], None
         try:
+            if backup:  # the pages written leave their blocks first, then room is made for them
+                for batch in plan.batches:
+                    if batch.allocator in self._programs and batch.num_pages:
+                        self.host.tables[batch.allocator].release(np.asarray(batch.host_pages))
+                        self._make_room(self._programs[batch.allocator], batch.num_pages)
             if whole is not None:
-                tokens.append(self._move_plan(whole, work, backup, out))
-            else:
+                tokens += self._move_plan(whole, work, moves, out)
+            elif backup:
                 for progs, parts in work:
-                    tokens.append(self._backup(progs, parts, pools) if backup else self._load(progs, parts, out))
+                    tokens += self._backup(progs, parts, pools)
+            else:
+                for (progs, parts), chunk_moves in zip(work, moves):
+                    tokens += self._load(progs, parts, chunk_moves, out)
         except Exception as e:  # dispatch failed mid-way: the handle reports it
             error = e
         return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error)
 
-    def warmup(self, max_pages: int | None = None, max_runs: int = WARMUP_MAX_RUNS) -> int:
+    def warmup(self, max_pages: int | None = None) -> int:
         """Compile ahead of use every program a chunk of up to `max_pages` pages (default:
-        the chunk size) whose host side is at most `max_runs` runs can need, in both
-        directions: the fused program of each power-of-two length, and the staging-path
-        programs (pack / unpack of each padded size, host copies of up to `max_runs`
-        pieces of each power-of-two size). Allocates the staging buffers. Returns the
-        number of programs compiled so far."""
-        if max_runs < 1 or (max_pages is not None and max_pages < 1):
-            raise ValueError(f"warmup needs max_pages >= 1 and max_runs >= 1, got {max_pages} and {max_runs}")
-        todo = {}
+        the chunk size) can need, in both directions: pack and unpack of each padded size,
+        the pieces a backup cuts, a whole-block load of each size, and the copies of any
+        piece of any block up to that size (L3 reads included); with several allocators
+        on one device, the one-program plans of a prefix's load-back and backup. Allocates
+        the staging buffers. Returns the number of programs compiled so far."""
+        if max_pages is not None and max_pages < 1:
+            raise ValueError(f"warmup needs max_pages >= 1, got {max_pages}")
         for progs in self._programs.values():
             self._staging_buffer(progs)
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
-            pages = 1
-            while pages <= limit:
+            for pages in _pow2_upto(limit):
                 k = pages.bit_length() - 1
-                groups = [(k, count) for count in _pow2_upto(max_runs) if count * pages <= limit]
-                for key in (self._run_key(pages, True), self._run_key(pages, False),
-                            *self._staged(progs, pages, groups, True), *self._staged(progs, pages, groups, False)):
-                    todo[(progs.fmt.allocator, key)] = progs
-                pages *= 2
-            for key in ((Program.READ_ROWS, 0), (Program.WRITE_ROWS, 0)):
-                todo[(progs.fmt.allocator, key)] = progs
-        for (_, key), progs in todo.items():
-            progs.compiled(*key)
+                keys = [(Program.PACK, pages), (Program.UNPACK, pages),
+                        *((Program.SLICE, pages, j) for j in range(k)),
+                        *((Program.H2D, pages, j) for j in range(k + 1)), *((Program.READ, pages, j) for j in range(k + 1))]
+                keys += [(Program.TAKE, pages)] if progs.broadcast_load else [(Program.LOAD_BLOCK, pages)]
+                for key in keys:
+                    progs.compiled(*key)
         for runs in self._warm_plans(max_pages):
             for backup in (True, False):
-                self._plan_programs.compiled(backup, tuple((a, *self._run_key(n, backup)[1:]) for a, n in runs))
+                self._plan_programs.compiled(backup, runs)
         return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
 
     def _warm_plans(self, max_pages: int | None) -> list[tuple[tuple[str, int], ...]]:
@@ -178,8 +187,7 @@ class TransferEngine:
         if len(self._programs) < 2 or self.devices.mesh is not None:
             return []
         def lengths(a: str, cap: int) -> list[int]:
-            limit = min(self._programs[a].chunk_pages, cap if max_pages is None else min(cap, max_pages))
-            return [1 << k for k in range(limit.bit_length())]
+            return _pow2_upto(min(self._programs[a].chunk_pages, cap if max_pages is None else min(cap, max_pages)))
         anchor = self.layout.anchor.name
         if anchor not in self._programs:
             return []
@@ -195,10 +203,17 @@ class TransferEngine:
         """A copy of host rows `host_pages` of `allocator`: `[n, row_elems]` in the packed row
         format (`self.host.formats[allocator]`, all ranks). Blocks."""
         progs, pages = self._allocator(allocator), self._host_pages(allocator, host_pages)
-        out = np.empty((pages.size, progs.fmt.row_elems), progs.dtype)
-        for offset, start, log2 in _pieces(pages):
-            rows = progs.compiled(Program.READ_ROWS, log2)(self.host.buffers[allocator], np.array([start], np.int32))
-            out[offset:offset + (1 << log2)] = np.asarray(rows)
+        table = self.host.tables[allocator]
+        out = np.zeros((pages.size, progs.fmt.row_elems), progs.dtype)  # pages never written read as zeros
+        for offset, start, log2 in _pieces(pages, progs.chunk_pages):
+            at = offset
+            for block, row, n in table.segments(start, 1 << log2):
+                if block != NO_BLOCK:
+                    array = table.arrays[block]
+                    for piece, k in _binary(n):
+                        read = progs.compiled(Program.READ, int(array.shape[0]), k)
+                        out[at + piece:at + piece + (1 << k)] = np.asarray(read(array, np.array([row + piece], np.int32)))
+                at += n
         return out
 
     def write_host_rows(self, allocator: str, host_pages, rows: np.ndarray) -> None:
@@ -208,10 +223,13 @@ class TransferEngine:
         if rows.shape != (pages.size, progs.fmt.row_elems) or rows.dtype != progs.dtype:
             raise ValueError(f"rows for {pages.size} host pages of {allocator!r} must be "
                              f"{progs.dtype}[{pages.size}, {progs.fmt.row_elems}], got {rows.dtype}{list(rows.shape)}")
-        for offset, start, log2 in _pieces(pages):
-            block = jax.device_put(rows[offset:offset + (1 << log2)], progs.staging_sharding)
-            self.host.buffers[allocator] = progs.compiled(Program.WRITE_ROWS, log2)(
-                self.host.buffers[allocator], block, np.array([start], np.int32))
+        if np.unique(pages).size != pages.size:
+            raise ValueError(f"host pages {pages.tolist()!r} of {allocator!r} name a page twice")
+        table = self.host.tables[allocator]
+        table.release(pages)
+        self._make_room(progs, pages.size)
+        for offset, start, log2 in _pieces(pages, progs.chunk_pages):
+            table.add(start, jax.device_put(rows[offset:offset + (1 << log2)], progs.host_sharding))
 
     def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
         """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""
@@ -236,96 +254,131 @@ class TransferEngine:
                 **self._plan_programs.labelled()}
 
     # -- internals -------------------------------------------------------------------------
-    def _fused(self, progs: AllocatorPrograms, part: chunking.Chunk, backup: bool) -> bool:
-        return part.whole_run_host_start is not None and (backup or not progs.broadcast_load)
-
-    def _compile(self, progs: AllocatorPrograms, part: chunking.Chunk, backup: bool) -> None:
+    @staticmethod
+    def _backup_keys(part: chunking.Chunk) -> list[tuple]:
         pages = part.padded_pages
-        if self._fused(progs, part, backup):
-            progs.compiled(*self._run_key(pages, backup))
-            return
-        for key in self._staged(progs, pages, [(g.log2_rows, len(g.staging_rows)) for g in part.groups], backup):
-            progs.compiled(*key)
+        if part.whole_run_host_start is not None:
+            return [(Program.PACK, pages)]
+        return [(Program.PACK, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups)]
 
-    def _run_key(self, pages: int, backup: bool) -> tuple:
-        """Program key of a fused chunk of `pages` pages (one whole host run)."""
-        return (Program.BACKUP_RUN if backup else Program.LOAD_RUN, pages, min(self._parts, pages))
+    def _load_move(self, progs: AllocatorPrograms, part: chunking.Chunk):
+        """How one load chunk moves: `(block, None)` when it is exactly one block, else
+        `(None, pieces)` with pieces `(array, row, log2 rows, staging row)` to gather."""
+        table = self.host.tables[progs.fmt.allocator]
+        start = part.whole_run_host_start
+        if start is not None and not progs.broadcast_load:
+            block = table.whole(start, part.padded_pages)
+            if block is not None:
+                return block, None
+        pieces = []
+        for g in part.groups:
+            for i in range(g.num_real):
+                dst = int(g.staging_rows[i])
+                for block, row, n in table.segments(int(g.host_rows[i]), 1 << g.log2_rows):
+                    for piece, k in _binary(n):
+                        if block == NO_BLOCK:
+                            pieces.append((self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
+                        else:
+                            pieces.append((table.arrays[block], row + piece, k, dst + piece))
+                    dst += n
+        return None, pieces
 
     @staticmethod
-    def _staged(progs: AllocatorPrograms, pages: int, groups: list[tuple[int, int]], backup: bool) -> list[tuple]:
-        """Program keys of a staging-path chunk padded to `pages`, piece groups `(log2 rows, count)`."""
-        if backup:
-            return [(Program.PACK, pages), *((Program.D2H, *g) for g in groups)]
-        return [*((Program.H2D, *g) for g in groups), *([(Program.TAKE, pages)] if progs.broadcast_load else []),
-                (Program.UNPACK, pages)]
+    def _load_keys(progs: AllocatorPrograms, part: chunking.Chunk, block, pieces) -> list[tuple]:
+        if block is not None:
+            return [(Program.LOAD_BLOCK, part.padded_pages)]
+        return [*((Program.H2D, int(array.shape[0]), k) for array, _, k, _ in pieces),
+                *([(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []), (Program.UNPACK, part.padded_pages)]
 
-    def _whole_plan(self, work, backup: bool) -> tuple[tuple[str, int, int], ...] | None:
-        """The `PlanPrograms` key when every allocator of a multi-allocator plan moves as one
-        whole-run chunk on a single device (one dispatch for the whole plan), else None."""
-        if len(work) < 2 or self.devices.mesh is not None:
+    def _whole_plan(self, work, moves) -> tuple[tuple[str, int], ...] | None:
+        """The `PlanPrograms` key when a multi-allocator plan on a single device moves as one
+        program: every allocator one chunk, each exactly one block on load (`moves` are the
+        load's chunk moves, None for a backup); else None."""
+        if len(work) < 2 or self.devices.mesh is not None or any(len(parts) != 1 for _, parts in work):
             return None
-        if any(len(parts) != 1 or not self._fused(progs, parts[0], backup) for progs, parts in work):
+        if moves is not None and any(chunk_moves[0][0] is None for chunk_moves in moves):
             return None
-        return tuple((progs.fmt.allocator, *self._run_key(parts[0].padded_pages, backup)[1:]) for progs, parts in work)
+        return tuple((progs.fmt.allocator, parts[0].padded_pages) for progs, parts in work)
 
-    def _move_plan(self, whole, work, backup: bool, pools: dict[str, jax.Array]) -> jax.Array:
+    def _move_plan(self, whole, work, moves, pools: dict[str, jax.Array]) -> list[jax.Array]:
         """Dispatch a whole plan as one program (see `_whole_plan`); updates `pools` on load."""
         names = [[s.name for s in progs.fmt.pools] for progs, _ in work]
-        hosts = tuple(self.host.buffers[progs.fmt.allocator] for progs, _ in work)
         arrays = tuple(tuple(pools[n] for n in ns) for ns in names)
-        where = np.concatenate([_where(parts[0], parts[0].whole_run_host_start) for _, parts in work])
-        program = self._plan_programs.compiled(backup, whole)
-        if backup:
-            new, token = program(hosts, arrays, where)
-            for (progs, _), host in zip(work, new):
-                self.host.buffers[progs.fmt.allocator] = host
-        else:
-            new, token = program(arrays, hosts, where)
-            for ns, arrs in zip(names, new):
-                pools.update(zip(ns, arrs))
-        return token
+        idx = np.concatenate([parts[0].device_pages for _, parts in work])
+        program = self._plan_programs.compiled(moves is None, whole)
+        if moves is None:
+            return [tok for (progs, parts), rows in zip(work, program(arrays, idx))
+                    for tok in self._store(progs, parts[0], rows)]
+        new, token = program(arrays, tuple(chunk_moves[0][0] for chunk_moves in moves), idx)
+        for ns, arrs in zip(names, new):
+            pools.update(zip(ns, arrs))
+        return [token]
 
-    def _backup(self, progs: AllocatorPrograms, parts, pools) -> jax.Array:
-        a = progs.fmt.allocator
+    def _backup(self, progs: AllocatorPrograms, parts, pools) -> list[jax.Array]:
         args = [pools[s.name] for s in progs.fmt.pools]
         if progs.on_mesh and not progs.sharded:  # the first device's shard is the whole pool
             args = [shard_on(x, self.devices.device) for x in args]
         args = tuple(args)
-        token = None
+        tokens = []
         for part in parts:
-            pages = part.padded_pages
-            start = part.whole_run_host_start
-            if start is not None:
-                run = progs.compiled(*self._run_key(pages, True))
-                self.host.buffers[a], token = run(self.host.buffers[a], args, _where(part, start))
-                continue
-            self._staging[a] = progs.compiled(Program.PACK, pages)(args, part.device_pages, self._staging_buffer(progs))
-            for g in part.groups:
-                d2h = progs.compiled(Program.D2H, g.log2_rows, len(g.staging_rows))
-                self.host.buffers[a], token = d2h(self.host.buffers[a], self._staging[a], g.staging_rows, g.host_rows)
-        return token
+            tokens += self._store(progs, part, progs.compiled(Program.PACK, part.padded_pages)(args, part.device_pages))
+        return tokens
 
-    def _load(self, progs: AllocatorPrograms, parts, out: dict[str, jax.Array]) -> jax.Array:
-        a = progs.fmt.allocator
+    def _store(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: jax.Array) -> list[jax.Array]:
+        """Hand a backup chunk's packed rows to the host: one block per host piece."""
+        table = self.host.tables[progs.fmt.allocator]
+        start = part.whole_run_host_start
+        if start is not None:
+            pieces = [(start, rows)]
+        else:
+            pieces = [(int(g.host_rows[i]), progs.compiled(Program.SLICE, part.padded_pages, g.log2_rows)(
+                rows, g.staging_rows[i:i + 1])) for g in part.groups for i in range(g.num_real)]
+        blocks = []
+        for host_start, piece in pieces:  # `start` released these pages
+            blocks.append(jax.device_put(piece, progs.host_sharding))
+            table.add(host_start, blocks[-1])
+        return blocks
+
+    def _load(self, progs: AllocatorPrograms, parts, chunk_moves, out: dict[str, jax.Array]) -> list[jax.Array]:
         names = [s.name for s in progs.fmt.pools]
-        token = None
-        for part in parts:
-            pages = part.padded_pages
+        tokens = []
+        for part, (block, pieces) in zip(parts, chunk_moves):
             pools = tuple(out[n] for n in names)
-            if self._fused(progs, part, False):
-                run = progs.compiled(*self._run_key(pages, False))
-                new, token = run(pools, self.host.buffers[a], _where(part, part.whole_run_host_start))
-                out.update(zip(names, new))
-                continue
-            for g in part.groups:
-                h2d = progs.compiled(Program.H2D, g.log2_rows, len(g.staging_rows))
-                self._staging[a] = h2d(self._staging_buffer(progs), self.host.buffers[a], g.host_rows, g.staging_rows)
-            rows = self._staging[a]
-            if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
-                rows = jax.device_put(progs.compiled(Program.TAKE, pages)(rows), self.devices.replicated())
-            new, token = progs.compiled(Program.UNPACK, pages)(pools, rows, part.device_pages)
+            if block is not None:
+                new, token = progs.compiled(Program.LOAD_BLOCK, part.padded_pages)(pools, block, part.device_pages)
+            else:
+                a = progs.fmt.allocator
+                for array, row, k, dst in pieces:
+                    h2d = progs.compiled(Program.H2D, int(array.shape[0]), k)
+                    self._staging[a] = h2d(self._staging_buffer(progs), array, np.array([row], np.int32),
+                                           np.array([dst], np.int32))
+                rows = self._staging[a]
+                if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
+                    rows = jax.device_put(progs.compiled(Program.TAKE, part.padded_pages)(rows),
+                                          self.devices.replicated())
+                new, token = progs.compiled(Program.UNPACK, part.padded_pages)(pools, rows, part.device_pages)
             out.update(zip(names, new))
-        return token
+            tokens.append(token)
+        return tokens
+
+    def _make_room(self, progs: AllocatorPrograms, pages: int) -> None:
+        """Compact the sparsest blocks of `progs`' allocator until `pages` more rows fit in
+        as many rows as the tier has pages: each live stretch of a block moves to a block
+        of its own (read to the device, `device_put` back), and the emptied block goes."""
+        table = self.host.tables[progs.fmt.allocator]
+        if table.rows + pages <= table.capacity:
+            return
+        for block in table.sparsest():
+            if table.rows + pages <= table.capacity:
+                return
+            array = table.arrays[block]
+            for start, n in table.live_pages(block):
+                row = start - table.start[block]
+                for piece, k in _binary(n):
+                    rows = progs.compiled(Program.READ, int(array.shape[0]), k)(array, np.array([row + piece], np.int32))
+                    table.release(np.arange(start + piece, start + piece + (1 << k)))
+                    table.add(start + piece, jax.device_put(rows, progs.host_sharding))
+                table.compacted += n
 
     def _staging_buffer(self, progs: AllocatorPrograms) -> jax.Array:
         a = progs.fmt.allocator
@@ -349,29 +402,30 @@ class TransferEngine:
         return pages.astype(np.int64)
 
 
-def _pieces(pages: np.ndarray) -> list[tuple[int, int, int]]:
+def _pieces(pages: np.ndarray, max_pages: int) -> list[tuple[int, int, int]]:
     """(offset in `pages`, first host page, log2 length) of the runs of consecutive pages,
-    each cut into power-of-two pieces, largest first (programs come in log2 shapes)."""
+    each cut into power-of-two pieces of at most `max_pages`, largest first (programs come
+    in log2 shapes)."""
     out, i = [], 0
     while i < pages.size:
         j = i + 1
         while j < pages.size and pages[j] == pages[j - 1] + 1:
             j += 1
-        offset = i
-        while offset < j:
-            log2 = (j - offset).bit_length() - 1
-            out.append((offset, int(pages[offset]), log2))
-            offset += 1 << log2
+        for lo in range(i, j, max_pages):
+            n = min(max_pages, j - lo)
+            out += [(lo + offset, int(pages[lo]) + offset, k) for offset, k in _binary(n)]
         i = j
     return out
 
 
-def _where(part: chunking.Chunk, host_start: int) -> np.ndarray:
-    """A fused program's index argument: the chunk's device pages, then its first host page."""
-    where = np.empty(part.padded_pages + 1, np.int32)
-    where[:-1] = part.device_pages
-    where[-1] = host_start
-    return where
+def _binary(n: int) -> list[tuple[int, int]]:
+    """`(offset, log2 length)` of the power-of-two pieces of a stretch of `n`, largest first."""
+    out, offset = [], 0
+    for k in range(n.bit_length() - 1, -1, -1):
+        if n >> k & 1:
+            out.append((offset, k))
+            offset += 1 << k
+    return out
 
 
 def _resolve_kernels(kernels: str, device: jax.Device, layout: PoolLayout) -> str:

@@ -58,7 +58,9 @@ def test_on_a_tp_mesh(name, tp):
     if spec is not None:
         assert cache.device_pools[spec.name].sharding.spec[spec.shard_axis + 2] == "tp"
     # host tier: each rank keeps its shard of tp rows; replicated rows are kept once, on one device
-    for allocator, buffer in cache.engine.host.buffers.items():
-        shards = {s.device for s in buffer.addressable_shards}
-        assert len(shards) == (tp if cache.engine.host.formats[allocator].sharded else 1), allocator
-        assert buffer.sharding.memory_kind == "pinned_host"
+    for allocator, table in cache.engine.host.tables.items():
+        assert table.arrays, allocator
+        for block in table.arrays.values():
+            shards = {s.device for s in block.addressable_shards}
+            assert len(shards) == (tp if cache.engine.host.formats[allocator].sharded else 1), allocator
+            assert block.sharding.memory_kind == "pinned_host"

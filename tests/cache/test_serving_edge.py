@@ -185,7 +185,7 @@ def served():
     (lambda c: c.wait("x"), r"wait takes a LoadBack, got str"),
     (lambda c: c.acquire(seq([0]), load_back="yes"), r"load_back must be a bool, got 'yes'"),
     (lambda c: c.warmup("3"), r"max_pages must be an integer >= 1, got '3'"),
-    (lambda c: c.warmup(4, 0), r"max_runs must be an integer >= 1, got 0"),
+    (lambda c: c.warmup(0), r"max_pages must be an integer >= 1, got 0"),
     (lambda c: c.unlock("lock"), r"'lock' is not a held lock"),
     (lambda c: c.load_back(None), r"load_back takes a MatchResult, got NoneType"),
     (lambda c: c.match_prefix("abc"), r"tokens must be a 1-D sequence of integers"),
