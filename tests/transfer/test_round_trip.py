@@ -107,9 +107,12 @@ def test_round_trip_is_exact_and_touches_nothing_else(name, tp, kernels):
                 host = rng.permutation(HOST_PAGES)[:n]
             pages[a] = (dev, host)
         t.run(direction, pages)
-    # every program this engine compiled keeps host memory to copies
+    # every program this engine compiled keeps host memory to copies, and none writes it:
+    # backups reach the host by `device_put` outside any program
     jaxprs = t.engine.program_jaxprs()
     assert jaxprs and all(not host_compute_violations(j) for j in jaxprs.values())
+    for label, j in jaxprs.items():
+        assert all(getattr(v.aval, "memory_space", None) != jax.memory.Space.Host for v in j.jaxpr.outvars), label
 
 
 def test_one_page_of_every_pool_and_long_single_runs():
