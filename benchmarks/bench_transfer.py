@@ -173,7 +173,7 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
         pack = progs.compiled("pack", n)
         timed("pack_program", lambda: pack(args, idx).block_until_ready())
         timed("pack_and_device_put", lambda: jax.device_put(pack(args, idx), progs.host_sharding).block_until_ready())
-        load = progs.compiled("load_block", n)
+        load = progs.compiled("load_block", n, 0)
         state = {"p": tuple(x + 0 for x in args)}
 
         def l():
@@ -197,7 +197,7 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
 def dump_hlo(bench: Bench, engine):
     for key, compiled in engine.compiled_programs().items():
         for program in ("pack", "load_block"):
-            if f"('{program}', 256)" in key and not bench.smoke:
+            if f"('{program}', 256" in key and not bench.smoke:
                 with open(os.path.join(bench.out, f"hlo_{program}.txt"), "w") as f:
                     f.write(compiled.as_text())
 

@@ -143,6 +143,8 @@ class HiCache:
     def _load_back(self, match: MatchResult, patient: bool) -> LoadBack:
         """`load_back`; when `patient`, backups in flight that pin the room it needs are
         waited for rather than refused."""
+        host_pages = lambda: self.core.anchor_host_pages(match)  # a large block starts its copy while the tree plans
+        self.engine.prefetch(self.anchor, match.host_len // self.layout.page_size, host_pages)
         job = self.core.start_load(match)
         self._flush_demotions()
         if job is Refusal.NO_DEVICE_SPACE and patient and self._land_backups():
@@ -251,9 +253,8 @@ class HiCache:
         return bool(backups)
 
     def free(self, allocator: str, pages) -> None:
-        """Give back held device pages that were not given to `insert` (i32 page ids of
-        `allocator`, e.g. `cache.anchor` or `cache.swa_allocator`). Pages not held by a
-        request raise ValueError, nothing freed."""
+        """Give back held device pages not given to `insert` (i32 page ids of `allocator`, e.g.
+        `cache.anchor`); pages not held by a request raise ValueError, nothing freed."""
         self.core.free_device(allocator, pages)
         self._checked(None)
 

@@ -29,8 +29,8 @@ import pallas_kernels as pk
 from hicache_jax.layout import PoolLayout
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
-from hicache_jax.pools.host_tier import NO_BLOCK
 from hicache_jax.transfer import chunks as chunking
+from hicache_jax.transfer.blocks import EARLY_COPY_BYTES, HostBlocks
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program
@@ -57,13 +57,15 @@ class TransferEngine:
     capability >= 9.0), Pallas TPU on TPUs, the reference elsewhere (logged once). A
     layout whose pages the chosen kernels cannot move raises ValueError here; under
     "auto" it falls back to the reference. `block_bytes` caps one copy (default: the
-    backend's).
+    backend's). A load batch that is one host block of at least `early_copy_bytes` starts
+    its copy (`device_put`) before the plan is checked, so the copy engine works while the
+    checks and the dispatch run; it holds a device copy of the block until it is unpacked.
     """
 
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
                  host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
-                 block_bytes: int | None = None):
+                 block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES):
         self.layout = layout
         self.devices = Devices.create(mesh)
         self._device = DevicePools(layout, device_pages, self.devices)
@@ -86,6 +88,7 @@ class TransferEngine:
             for a, fmt in self.host.formats.items()
         }
         self._plan_programs = PlanPrograms(self._programs)
+        self._blocks = HostBlocks(self.host, self._programs, early_copy_bytes)
         self._staging: dict[str, jax.Array] = {}
 
     # -- device pools ----------------------------------------------------------------------
@@ -110,6 +113,7 @@ class TransferEngine:
         `handle.done()` / `handle.wait()`.
         """
         started = time.perf_counter()
+        early = self._blocks.early_copies(plan) if plan.direction is Direction.LOAD else {}
         check_plan(plan, self.layout, self._device.pages, self.host.pages)
         self._device.check(pools)
         backup = plan.direction is Direction.BACKUP
@@ -121,7 +125,7 @@ class TransferEngine:
             runs = [(r.offset, r.host_start, r.length) for r in batch.host_runs]
             work.append((progs, chunking.split(np.asarray(batch.device_pages, np.int32), runs, progs.chunk_pages)))
         # compile before anything moves: a compile error leaves both tiers as they were
-        moves = None if backup else [[self._load_move(progs, part) for part in parts] for progs, parts in work]
+        moves = None if backup else [[self._blocks.load_move(progs, part, early) for part in parts] for progs, parts in work]
         whole = self._whole_plan(work, moves)
         if whole is not None:
             self._plan_programs.compiled(backup, whole)
@@ -132,8 +136,8 @@ class TransferEngine:
                         progs.compiled(*key)
         else:
             for (progs, parts), chunk_moves in zip(work, moves):
-                for part, (block, pieces) in zip(parts, chunk_moves):
-                    for key in self._load_keys(progs, part, block, pieces):
+                for part, move in zip(parts, chunk_moves):
+                    for key in self._blocks.load_keys(progs, part, move):
                         progs.compiled(*key)
         out = pools if backup else dict(pools)
         tokens, error = [], None
@@ -142,7 +146,7 @@ class TransferEngine:
                 for batch in plan.batches:
                     if batch.allocator in self._programs and batch.num_pages:
                         self.host.tables[batch.allocator].release(np.asarray(batch.host_pages))
-                        self._make_room(self._programs[batch.allocator], batch.num_pages)
+                        self._blocks.make_room(self._programs[batch.allocator], batch.num_pages)
             if whole is not None:
                 tokens += self._move_plan(whole, work, moves, out)
             elif backup:
@@ -172,12 +176,13 @@ class TransferEngine:
                 keys = [(Program.PACK, pages), (Program.UNPACK, pages),
                         *((Program.SLICE, pages, j) for j in range(k)),
                         *((Program.H2D, pages, j) for j in range(k + 1)), *((Program.READ, pages, j) for j in range(k + 1))]
-                keys += [(Program.TAKE, pages)] if progs.broadcast_load else [(Program.LOAD_BLOCK, pages)]
+                keys += [(Program.TAKE, pages)] if progs.broadcast_load else [
+                    (Program.LOAD_BLOCK, pages, 0), *([(Program.LOAD_BLOCK, pages, 1)] if self._blocks.early(progs, pages) else [])]
                 for key in keys:
                     progs.compiled(*key)
         for runs in self._warm_plans(max_pages):
-            for backup in (True, False):
-                self._plan_programs.compiled(backup, runs)
+            self._plan_programs.compiled(True, runs)
+            self._plan_programs.compiled(False, tuple((a, n, int(self._blocks.early(self._programs[a], n))) for a, n in runs))
         return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
 
     def _warm_plans(self, max_pages: int | None) -> list[tuple[tuple[str, int], ...]]:
@@ -202,19 +207,7 @@ class TransferEngine:
     def read_host_rows(self, allocator: str, host_pages) -> np.ndarray:
         """A copy of host rows `host_pages` of `allocator`: `[n, row_elems]` in the packed row
         format (`self.host.formats[allocator]`, all ranks). Blocks."""
-        progs, pages = self._allocator(allocator), self._host_pages(allocator, host_pages)
-        table = self.host.tables[allocator]
-        out = np.zeros((pages.size, progs.fmt.row_elems), progs.dtype)  # pages never written read as zeros
-        for offset, start, log2 in _pieces(pages, progs.chunk_pages):
-            at = offset
-            for block, row, n in table.segments(start, 1 << log2):
-                if block != NO_BLOCK:
-                    array = table.arrays[block]
-                    for piece, k in _binary(n):
-                        read = progs.compiled(Program.READ, int(array.shape[0]), k)
-                        out[at + piece:at + piece + (1 << k)] = np.asarray(read(array, np.array([row + piece], np.int32)))
-                at += n
-        return out
+        return self._blocks.read_rows(self._allocator(allocator), self._host_pages(allocator, host_pages))
 
     def write_host_rows(self, allocator: str, host_pages, rows: np.ndarray) -> None:
         """Overwrite host rows `host_pages` of `allocator` with `rows` (`[n, row_elems]`, packed)."""
@@ -225,11 +218,11 @@ class TransferEngine:
                              f"{progs.dtype}[{pages.size}, {progs.fmt.row_elems}], got {rows.dtype}{list(rows.shape)}")
         if np.unique(pages).size != pages.size:
             raise ValueError(f"host pages {pages.tolist()!r} of {allocator!r} name a page twice")
-        table = self.host.tables[allocator]
-        table.release(pages)
-        self._make_room(progs, pages.size)
-        for offset, start, log2 in _pieces(pages, progs.chunk_pages):
-            table.add(start, jax.device_put(rows[offset:offset + (1 << log2)], progs.host_sharding))
+        self._blocks.write_rows(progs, pages, rows)
+
+    def prefetch(self, allocator: str, num_pages: int, host_pages) -> bool:
+        """Start copying host pages to the device ahead of their load (see `HostBlocks.prefetch`)."""
+        return self._blocks.prefetch(allocator, num_pages, host_pages)
 
     def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
         """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""
@@ -261,44 +254,18 @@ class TransferEngine:
             return [(Program.PACK, pages)]
         return [(Program.PACK, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups)]
 
-    def _load_move(self, progs: AllocatorPrograms, part: chunking.Chunk):
-        """How one load chunk moves: `(block, None)` when it is exactly one block, else
-        `(None, pieces)` with pieces `(array, row, log2 rows, staging row)` to gather."""
-        table = self.host.tables[progs.fmt.allocator]
-        start = part.whole_run_host_start
-        if start is not None and not progs.broadcast_load:
-            block = table.whole(start, part.padded_pages)
-            if block is not None:
-                return block, None
-        pieces = []
-        for g in part.groups:
-            for i in range(g.num_real):
-                dst = int(g.staging_rows[i])
-                for block, row, n in table.segments(int(g.host_rows[i]), 1 << g.log2_rows):
-                    for piece, k in _binary(n):
-                        if block == NO_BLOCK:
-                            pieces.append((self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
-                        else:
-                            pieces.append((table.arrays[block], row + piece, k, dst + piece))
-                    dst += n
-        return None, pieces
-
-    @staticmethod
-    def _load_keys(progs: AllocatorPrograms, part: chunking.Chunk, block, pieces) -> list[tuple]:
-        if block is not None:
-            return [(Program.LOAD_BLOCK, part.padded_pages)]
-        return [*((Program.H2D, int(array.shape[0]), k) for array, _, k, _ in pieces),
-                *([(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []), (Program.UNPACK, part.padded_pages)]
-
     def _whole_plan(self, work, moves) -> tuple[tuple[str, int], ...] | None:
         """The `PlanPrograms` key when a multi-allocator plan on a single device moves as one
         program: every allocator one chunk, each exactly one block on load (`moves` are the
         load's chunk moves, None for a backup); else None."""
         if len(work) < 2 or self.devices.mesh is not None or any(len(parts) != 1 for _, parts in work):
             return None
-        if moves is not None and any(chunk_moves[0][0] is None for chunk_moves in moves):
+        if moves is None:
+            return tuple((progs.fmt.allocator, parts[0].padded_pages) for progs, parts in work)
+        if any(chunk_moves[0][0] == "pieces" for chunk_moves in moves):
             return None
-        return tuple((progs.fmt.allocator, parts[0].padded_pages) for progs, parts in work)
+        return tuple((progs.fmt.allocator, parts[0].padded_pages, int(chunk_moves[0][0] == "rows"))
+                     for (progs, parts), chunk_moves in zip(work, moves))
 
     def _move_plan(self, whole, work, moves, pools: dict[str, jax.Array]) -> list[jax.Array]:
         """Dispatch a whole plan as one program (see `_whole_plan`); updates `pools` on load."""
@@ -309,7 +276,7 @@ class TransferEngine:
         if moves is None:
             return [tok for (progs, parts), rows in zip(work, program(arrays, idx))
                     for tok in self._store(progs, parts[0], rows)]
-        new, token = program(arrays, tuple(chunk_moves[0][0] for chunk_moves in moves), idx)
+        new, token = program(arrays, tuple(chunk_moves[0][1] for chunk_moves in moves), idx)
         for ns, arrs in zip(names, new):
             pools.update(zip(ns, arrs))
         return [token]
@@ -342,13 +309,14 @@ class TransferEngine:
     def _load(self, progs: AllocatorPrograms, parts, chunk_moves, out: dict[str, jax.Array]) -> list[jax.Array]:
         names = [s.name for s in progs.fmt.pools]
         tokens = []
-        for part, (block, pieces) in zip(parts, chunk_moves):
+        for part, (kind, payload) in zip(parts, chunk_moves):
             pools = tuple(out[n] for n in names)
-            if block is not None:
-                new, token = progs.compiled(Program.LOAD_BLOCK, part.padded_pages)(pools, block, part.device_pages)
+            if kind != "pieces":
+                load = progs.compiled(Program.LOAD_BLOCK, part.padded_pages, int(kind == "rows"))
+                new, token = load(pools, payload, part.device_pages)
             else:
                 a = progs.fmt.allocator
-                for array, row, k, dst in pieces:
+                for array, row, k, dst in payload:
                     h2d = progs.compiled(Program.H2D, int(array.shape[0]), k)
                     self._staging[a] = h2d(self._staging_buffer(progs), array, np.array([row], np.int32),
                                            np.array([dst], np.int32))
@@ -360,25 +328,6 @@ class TransferEngine:
             out.update(zip(names, new))
             tokens.append(token)
         return tokens
-
-    def _make_room(self, progs: AllocatorPrograms, pages: int) -> None:
-        """Compact the sparsest blocks of `progs`' allocator until `pages` more rows fit in
-        as many rows as the tier has pages: each live stretch of a block moves to a block
-        of its own (read to the device, `device_put` back), and the emptied block goes."""
-        table = self.host.tables[progs.fmt.allocator]
-        if table.rows + pages <= table.capacity:
-            return
-        for block in table.sparsest():
-            if table.rows + pages <= table.capacity:
-                return
-            array = table.arrays[block]
-            for start, n in table.live_pages(block):
-                row = start - table.start[block]
-                for piece, k in _binary(n):
-                    rows = progs.compiled(Program.READ, int(array.shape[0]), k)(array, np.array([row + piece], np.int32))
-                    table.release(np.arange(start + piece, start + piece + (1 << k)))
-                    table.add(start + piece, jax.device_put(rows, progs.host_sharding))
-                table.compacted += n
 
     def _staging_buffer(self, progs: AllocatorPrograms) -> jax.Array:
         a = progs.fmt.allocator
@@ -400,32 +349,6 @@ class TransferEngine:
             raise ValueError(f"host pages {np.asarray(host_pages).tolist()!r} of {allocator!r}: integers outside "
                              f"0..{limit - 1}")
         return pages.astype(np.int64)
-
-
-def _pieces(pages: np.ndarray, max_pages: int) -> list[tuple[int, int, int]]:
-    """(offset in `pages`, first host page, log2 length) of the runs of consecutive pages,
-    each cut into power-of-two pieces of at most `max_pages`, largest first (programs come
-    in log2 shapes)."""
-    out, i = [], 0
-    while i < pages.size:
-        j = i + 1
-        while j < pages.size and pages[j] == pages[j - 1] + 1:
-            j += 1
-        for lo in range(i, j, max_pages):
-            n = min(max_pages, j - lo)
-            out += [(lo + offset, int(pages[lo]) + offset, k) for offset, k in _binary(n)]
-        i = j
-    return out
-
-
-def _binary(n: int) -> list[tuple[int, int]]:
-    """`(offset, log2 length)` of the power-of-two pieces of a stretch of `n`, largest first."""
-    out, offset = [], 0
-    for k in range(n.bit_length() - 1, -1, -1):
-        if n >> k & 1:
-            out.append((offset, k))
-            offset += 1 << k
-    return out
 
 
 def _resolve_kernels(kernels: str, device: jax.Device, layout: PoolLayout) -> str:

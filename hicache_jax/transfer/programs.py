@@ -7,14 +7,16 @@ so the copy runs beside the model's next step instead of in its stream):
 
     backup:  pack(S)            pools (read), idx i32[S] -> rows [S, row_elems] (device)
              slice(S, k)        rows, start i32[1] -> rows[start : start + 2**k]
-    load:    load_block(S)      pools (donated), block [S, row_elems], idx i32[S] -> pools, token
+    load:    load_block(S, 0)   pools (donated), block [S, row_elems], idx i32[S] -> pools, token
+             load_block(S, 1)   the same from the block's device copy (an early `device_put`)
              h2d(R, k)          staging (donated), block [R, row_elems], src i32[1], dst i32[1] -> staging
              unpack(S)          pools (donated), staging, idx i32[S] -> pools, token
              take(S)            staging -> its first S rows (to broadcast them)
     read:    read(R, k)         block [R, row_elems], start i32[1] -> 2**k rows on the device
 
 `load_block` moves a chunk that is exactly one block (the common case: a prefix backed up
-as one run and loaded back whole); any other chunk gathers its rows block by block into
+as one run and loaded back whole); when that block is large the engine starts its copy by
+`device_put` before it checks the plan, and the program unpacks the copy; any other chunk gathers its rows block by block into
 the engine's staging buffer (`h2d`, a whole-block DMA when the piece is the block) and
 unpacks them. A plan whose every allocator moves as one such chunk runs as ONE program on
 a single device (`PlanPrograms`), so a load-back of a prefix's kv and SWA pages, or the
@@ -48,7 +50,7 @@ class Program(enum.StrEnum):
 
     PACK = "pack"               # (pages,): pools -> packed rows on the device
     SLICE = "slice"             # (pages, log2 rows): a piece of packed rows
-    LOAD_BLOCK = "load_block"   # (pages,): one whole host block -> pools
+    LOAD_BLOCK = "load_block"   # (pages, on device): one whole block (or its device copy) -> pools
     H2D = "h2d"                 # (block rows, log2 rows): rows of one block -> staging
     UNPACK = "unpack"           # (pages,): scatter the staging rows into the pools
     TAKE = "take"               # (pages,): the first staging rows, to broadcast them
@@ -147,15 +149,16 @@ class AllocatorPrograms:
             return jax.lax.dynamic_slice_in_dim(rows, start[0], 1 << log2_rows, 0)
         return piece, (self._staging_spec(pages), self._index(1)), (), self.staging_sharding
 
-    def _load_block(self, pages: int):
+    def _load_block(self, pages: int, on_device: int):
         if self.broadcast_load:
             raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
 
         def load_block(pools, block, idx):
-            pools = self._scatter_rows(pools, jax.device_put(block, _DEVICE), idx)
-            return pools, idx[0] + 0
+            rows = block if on_device else jax.device_put(block, _DEVICE)
+            return self._scatter_rows(pools, rows, idx), idx[0] + 0
 
-        args = (self._pools(self.pool_shardings), self._host(pages), self._index(pages))
+        block = self._staging_spec(pages) if on_device else self._host(pages)
+        args = (self._pools(self.pool_shardings), block, self._index(pages))
         return load_block, args, (0,), (tuple(self.pool_shardings), self.home)
 
     def _unpack(self, pages: int):
@@ -194,10 +197,11 @@ class AllocatorPrograms:
 class PlanPrograms:
     """Programs moving several allocators' one-chunk batches at once (one device, no mesh).
 
-    `compiled(backup, runs)` with `runs = ((allocator, pages), ...)` in plan order is one
-    jit over every allocator's `pack` (backup: arguments the allocators' pools tuples and
-    the concatenated device pages; results their packed rows) or `load_block` (load:
-    arguments the pools tuples, the blocks and the concatenated device pages).
+    `compiled(backup, runs)` with `runs` in plan order is one jit over every allocator's
+    `pack` (backup, `runs = ((allocator, pages), ...)`: arguments the allocators' pools
+    tuples and the concatenated device pages; results their packed rows) or `load_block`
+    (load, `runs = ((allocator, pages, on device), ...)`: arguments the pools tuples, the
+    blocks or their device copies, and the concatenated device pages).
     """
 
     def __init__(self, programs: dict[str, AllocatorPrograms]):
@@ -211,8 +215,8 @@ class PlanPrograms:
         if program is None:
             name = Program.PACK if backup else Program.LOAD_BLOCK
             label = f"plan:{name}{list(runs)}"
-            built = [_BUILDERS[name](self._programs[a], pages) for a, pages in runs]
-            ends = list(itertools.accumulate(pages for _, pages in runs))
+            built = [_BUILDERS[name](self._programs[a], *key) for a, *key in runs]
+            ends = list(itertools.accumulate(key[0] for _, *key in runs))
             bounds = list(zip([0, *ends[:-1]], ends))
             fns = [fn for fn, *_ in built]
             home = self._programs[runs[0][0]].home

@@ -72,15 +72,32 @@ class ReadPath:
         self._stats.loads_started += 1
         return job
 
+    def anchor_host_pages(self, match: MatchResult) -> np.ndarray | None:
+        """The anchor's host pages a load of `match` would move, in order (None when the match
+        is stale or has no host part); changes nothing. For starting the copy early."""
+        node = self._tree.get(int(match.host_node))
+        if node is None or node.parent is None:
+            return None
+        chain, rest = self._chain(node)
+        if sum(len(n.tokens) for n in chain) != match.total_len or not rest:
+            return None
+        pages = [n.pages[Tier.HOST][0] for n in rest]
+        return np.concatenate(pages) if all(p is not None for p in pages) else None
+
+    @staticmethod
+    def _chain(node: Node) -> tuple[list[Node], list[Node]]:
+        """Root-first path to `node`, and its part after the last device-valid node."""
+        chain = list(node.path_to_root())[::-1]
+        return chain, chain[next((i for i, n in enumerate(chain) if n.state not in DEVICE_VALID), len(chain)):]
+
     def _start(self, match: MatchResult) -> tuple[Refusal | None, LoadJob | None]:
         page = self._layout.page_size
         node = self._tree.get(int(match.host_node))
         if node is None or node.parent is None:
             return (Refusal.STALE if node is None else Refusal.EMPTY), None
-        chain = list(node.path_to_root())[::-1]
+        chain, rest = self._chain(node)
         if sum(len(n.tokens) for n in chain) != match.total_len:
             return Refusal.STALE, None
-        rest = chain[next((i for i, n in enumerate(chain) if n.state not in DEVICE_VALID), len(chain)):]
         for n in rest:
             if n.load_id is not None:
                 return Refusal.OWNED, None

@@ -39,6 +39,25 @@ def test_shared_prefixes_survive_eviction_and_load_back(name, policy, link):
         assert not s.dropped_tokens
 
 
+@pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41", "tiny_gqa"])
+def test_early_copies_serve_the_same_bytes(name):
+    """With every one-block load copied early (`prefetch` while the tree plans it, or first
+    thing in the engine's start), hits serve the bytes written and no copy is left behind."""
+    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, write_policy="write_through", check_invariants=True)
+    cache, _ = faulty_cache(layout(name), cfg)
+    cache.engine._blocks.early_bytes = 0
+    d = Driver(cache)
+    for turn in range(3):
+        for conv in ([0, 1], [2, 3], [1, 0], [3, 2]):
+            d.request(conv + [turn] * (turn > 0))
+    cache.drain()
+    assert d.host_hits > 0
+    early = [k for k in cache.engine.compiled_programs() if "load_block" in k and k.endswith(", 1)")
+             or k.startswith("plan:load_block") and ", 1)" in k]
+    assert early, sorted(cache.engine.compiled_programs())
+    assert not cache.engine._blocks._prefetched
+
+
 @pytest.mark.parametrize("name,tp", [("tiny_gqa", 2), ("tiny_gqa", 4), ("tiny_v4", 2)])
 def test_on_a_tp_mesh(name, tp):
     """GQA K/V is split by kv head across ranks (each rank backs up its shard); V4 pools are

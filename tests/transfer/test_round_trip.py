@@ -199,3 +199,44 @@ def test_host_blocks_follow_rewrites_and_never_outgrow_the_tier(name, tp):
     if not t.engine._programs[a].broadcast_load:
         assert any("load_block" in k for k in t.engine.compiled_programs())
         assert {k for k in t.engine.compiled_programs() if "unpack" in k} == before
+
+
+@pytest.mark.parametrize("name, tp", [("tiny_v4", None), ("tiny_gqa", 2)])
+def test_large_one_block_loads_start_their_copy_early(name, tp):
+    """A load batch that is one whole host block at least `early_copy_bytes` large is copied
+    by `device_put` before the plan is checked; the program unpacks that copy. Exact, in one
+    program per plan on one device; a plan that fails its checks moves nothing."""
+    t = Harness(name, tp, "reference")
+    t.engine._blocks.early_bytes = 0
+    a = t.allocators[0]
+    n = t.engine.chunk_pages(a)        # a run of one whole chunk
+    run = np.arange(n, 2 * n)
+    t.run("backup", {a: (np.arange(n), run)})
+    t.run("load", {a: (np.arange(n)[::-1], run)})
+    assert any("load_block" in k and k.endswith(f", {n}, 1)") for k in t.engine.compiled_programs())
+    if tp is None and len(t.allocators) > 1:  # kv and a window page: one program, both from early copies
+        other = t.allocators[1]
+        t.run("backup", {a: (np.arange(n), run), other: ([1], [3])})
+        t.run("load", {a: (np.arange(DEVICE_PAGES - n, DEVICE_PAGES), run), other: ([2], [3])})
+        assert f"plan:load_block[('{a}', {n}, 1), ('{other}', 1, 1)]" in t.engine.compiled_programs()
+    # `prefetch`: only one whole block, of consecutive pages, is copied ahead; the next
+    # load's start takes it (or drops it)
+    blocks = t.engine._blocks
+    fetch = lambda pages: t.engine.prefetch(a, n, lambda: pages)
+    assert not fetch(None) and not fetch(run[:-1]) and not fetch(run[::-1]) and not fetch([[1]])
+    assert not t.engine.prefetch("nope", n, lambda: run) and not blocks._prefetched
+    blocks.early_bytes = 10 ** 12                                  # too small a load: never asked for its pages
+    assert not t.engine.prefetch(a, n, lambda: pytest.fail("pages of a small load"))
+    blocks.early_bytes = 0
+    assert fetch(run) and len(blocks._prefetched) == 1
+    t.run("load", {a: (np.arange(n), run)})
+    assert not blocks._prefetched
+    assert fetch(run)
+    t.run("load", {a: (np.arange(1), run[:1])})                  # another load: the copy is dropped
+    assert not blocks._prefetched
+    before = {k: as_bytes(v).copy() for k, v in t.pools.items()}
+    bad = make_plan(t.layout, "load", {a: (np.r_[np.arange(n - 1), DEVICE_PAGES], run)})
+    with pytest.raises(ValueError, match="outside"):
+        t.engine.start(bad, t.pools)
+    for k, v in t.pools.items():
+        assert not v.is_deleted() and np.array_equal(as_bytes(v), before[k])

@@ -1,0 +1,180 @@
+"""The engine's side of the host blocks: where a load chunk's rows are, early copies of
+whole blocks, rows read and written outside any plan, and compaction.
+
+Host pages live in pinned blocks (`HostTier`): a load chunk that is exactly one block
+moves whole (`("block", block)`), or from the device copy an early `device_put` of that
+block started (`("rows", copy)`); any other chunk gathers its rows block by block
+(`("pieces", ...)`). An early copy starts when the tree is about to plan a load
+(`prefetch`) or first thing in the load's `start`, so the copy engine moves the block while
+Python checks and dispatches; it costs a device copy of the block until it is unpacked.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import numpy as np
+
+from hicache_jax.pools import HostTier
+from hicache_jax.pools.host_tier import NO_BLOCK
+from hicache_jax.plan import TransferPlan
+from hicache_jax.transfer import chunks as chunking
+from hicache_jax.transfer.programs import AllocatorPrograms, Program
+
+EARLY_COPY_BYTES = 16 << 20  # a one-block load chunk this large starts its copy before the checks
+
+
+class HostBlocks:
+    """Block-level moves of one engine: `programs` by allocator over `host`'s blocks."""
+
+    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], early_copy_bytes: int):
+        self.host, self._programs = host, programs
+        self.early_bytes = early_copy_bytes
+        self._prefetched: dict[int, tuple[jax.Array, jax.Array]] = {}  # by id(block): (block, device copy)
+
+    # -- early copies ------------------------------------------------------------------------
+    def early(self, progs: AllocatorPrograms, pages: int) -> bool:
+        """Whether a whole-block load chunk of `pages` pages moves by an early `device_put`."""
+        return not progs.broadcast_load and pages * progs.fmt.row_bytes >= self.early_bytes
+
+    def prefetch(self, allocator: str, num_pages: int, host_pages: Callable[[], np.ndarray | None]) -> bool:
+        """Start copying `allocator`'s host pages to the device ahead of the load that will
+        move them, when they are one whole block of at least `early_bytes`: `num_pages` says
+        how many the load will move (smaller loads return at once), `host_pages()` which
+        (None: none). The next load that moves that block unpacks the copy; the next load's
+        start drops any copy it did not use. True if a copy is under way."""
+        progs = self._programs.get(allocator)
+        if progs is None or not self.early(progs, num_pages) or (pages := host_pages()) is None:
+            return False
+        pages = np.asarray(pages)
+        if pages.ndim != 1 or not pages.size or not np.issubdtype(pages.dtype, np.integer):
+            return False
+        start, n = int(pages[0]), int(pages.size)
+        if int(pages[-1]) - start != n - 1 or not (np.diff(pages) == 1).all():
+            return False
+        return self._copy(allocator, start, n, self._prefetched)
+
+    def early_copies(self, plan: TransferPlan) -> dict[int, tuple[jax.Array, jax.Array]]:
+        """The early copies a load plan uses, `{id(block): (block, device copy)}`: those
+        `prefetch` started, and a new one for every large one-block batch without one. A
+        plan that would not pass the checks starts nothing new (`check_plan` names it)."""
+        copies, self._prefetched = self._prefetched, {}
+        try:
+            for batch in plan.batches:
+                if len(batch.host_runs) == 1 and batch.host_runs[0].length == batch.num_pages:
+                    self._copy(batch.allocator, batch.host_runs[0].host_start, batch.num_pages, copies)
+        except (IndexError, TypeError, ValueError, AttributeError):
+            pass
+        return copies
+
+    def _copy(self, allocator: str, start: int, n: int, into: dict) -> bool:
+        progs = self._programs.get(allocator)
+        if progs is None or n & (n - 1) or n > progs.chunk_pages or not self.early(progs, n) \
+                or not 0 <= start <= self.host.pages[allocator] - n:
+            return False
+        block = self.host.tables[allocator].whole(start, n)
+        if block is None:
+            return False
+        if id(block) not in into:
+            into[id(block)] = (block, jax.device_put(block, progs.staging_sharding))
+        return True
+
+    # -- load chunks -------------------------------------------------------------------------
+    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict):
+        """How one load chunk moves: `("rows", device copy)`, `("block", block)` or
+        `("pieces", [(array, row, log2 rows, staging row), ...])` (module docstring)."""
+        table = self.host.tables[progs.fmt.allocator]
+        start = part.whole_run_host_start
+        if start is not None and not progs.broadcast_load:
+            block = table.whole(start, part.padded_pages)
+            if block is not None:
+                copied = early.get(id(block))
+                return ("rows", copied[1]) if copied is not None and copied[0] is block else ("block", block)
+        pieces = []
+        for g in part.groups:
+            for i in range(g.num_real):
+                dst = int(g.staging_rows[i])
+                for block, row, n in table.segments(int(g.host_rows[i]), 1 << g.log2_rows):
+                    for piece, k in binary(n):
+                        if block == NO_BLOCK:
+                            pieces.append((self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
+                        else:
+                            pieces.append((table.arrays[block], row + piece, k, dst + piece))
+                    dst += n
+        return "pieces", pieces
+
+    @staticmethod
+    def load_keys(progs: AllocatorPrograms, part: chunking.Chunk, move) -> list[tuple]:
+        """Program keys a load chunk moving by `move` needs."""
+        kind, payload = move
+        if kind != "pieces":
+            return [(Program.LOAD_BLOCK, part.padded_pages, int(kind == "rows"))]
+        return [*((Program.H2D, int(array.shape[0]), k) for array, _, k, _ in payload),
+                *([(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []), (Program.UNPACK, part.padded_pages)]
+
+    # -- rows outside the plans (L3 storage, snapshots, tests) --------------------------------
+    def read_rows(self, progs: AllocatorPrograms, pages: np.ndarray) -> np.ndarray:
+        table = self.host.tables[progs.fmt.allocator]
+        out = np.zeros((pages.size, progs.fmt.row_elems), progs.dtype)  # pages never written read as zeros
+        for offset, start, log2 in pieces_of(pages, progs.chunk_pages):
+            at = offset
+            for block, row, n in table.segments(start, 1 << log2):
+                if block != NO_BLOCK:
+                    array = table.arrays[block]
+                    for piece, k in binary(n):
+                        read = progs.compiled(Program.READ, int(array.shape[0]), k)
+                        out[at + piece:at + piece + (1 << k)] = np.asarray(read(array, np.array([row + piece], np.int32)))
+                at += n
+        return out
+
+    def write_rows(self, progs: AllocatorPrograms, pages: np.ndarray, rows: np.ndarray) -> None:
+        table = self.host.tables[progs.fmt.allocator]
+        table.release(pages)
+        self.make_room(progs, pages.size)
+        for offset, start, log2 in pieces_of(pages, progs.chunk_pages):
+            table.add(start, jax.device_put(rows[offset:offset + (1 << log2)], progs.host_sharding))
+
+    def make_room(self, progs: AllocatorPrograms, pages: int) -> None:
+        """Compact the sparsest blocks of `progs`' allocator until `pages` more rows fit in
+        as many rows as the tier has pages: each live stretch of a block moves to a block
+        of its own (read to the device, `device_put` back), and the emptied block goes."""
+        table = self.host.tables[progs.fmt.allocator]
+        if table.rows + pages <= table.capacity:
+            return
+        for block in table.sparsest():
+            if table.rows + pages <= table.capacity:
+                return
+            array = table.arrays[block]
+            for start, n in table.live_pages(block):
+                row = start - table.start[block]
+                for piece, k in binary(n):
+                    rows = progs.compiled(Program.READ, int(array.shape[0]), k)(array, np.array([row + piece], np.int32))
+                    table.release(np.arange(start + piece, start + piece + (1 << k)))
+                    table.add(start + piece, jax.device_put(rows, progs.host_sharding))
+                table.compacted += n
+
+
+def pieces_of(pages: np.ndarray, max_pages: int) -> list[tuple[int, int, int]]:
+    """(offset in `pages`, first host page, log2 length) of the runs of consecutive pages,
+    each cut into power-of-two pieces of at most `max_pages`, largest first (programs come
+    in log2 shapes)."""
+    out, i = [], 0
+    while i < pages.size:
+        j = i + 1
+        while j < pages.size and pages[j] == pages[j - 1] + 1:
+            j += 1
+        for lo in range(i, j, max_pages):
+            n = min(max_pages, j - lo)
+            out += [(lo + offset, int(pages[lo]) + offset, k) for offset, k in binary(n)]
+        i = j
+    return out
+
+
+def binary(n: int) -> list[tuple[int, int]]:
+    """`(offset, log2 length)` of the power-of-two pieces of a stretch of `n`, largest first."""
+    out, offset = [], 0
+    for k in range(n.bit_length() - 1, -1, -1):
+        if n >> k & 1:
+            out.append((offset, k))
+            offset += 1 << k
+    return out
