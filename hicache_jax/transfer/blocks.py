@@ -17,7 +17,7 @@ import numpy as np
 
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK
-from hicache_jax.plan import TransferPlan
+from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
@@ -58,6 +58,8 @@ class HostBlocks:
         """The early copies a load plan uses, `{id(block): (block, device copy)}`: those
         `prefetch` started, and a new one for every large one-block batch without one. A
         plan that would not pass the checks starts nothing new (`check_plan` names it)."""
+        if getattr(plan, "direction", None) is not Direction.LOAD:
+            return {}
         copies, self._prefetched = self._prefetched, {}
         try:
             for batch in plan.batches:

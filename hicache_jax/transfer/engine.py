@@ -6,8 +6,9 @@
                               outside any jit (a copy engine, beside the model's steps).
     load   (host -> device):  a chunk that is exactly one block moves as one DMA inside
                               a program that then unpacks it (Pallas scatter) into the
-                              donated pools; any other chunk gathers its rows block by
-                              block into a staging buffer first.
+                              donated pools, or, when large, by a `device_put` started
+                              before the plan's checks (`HostBlocks`); any other chunk
+                              gathers its rows block by block into a staging buffer first.
 
 Everything is dispatched asynchronously at `start`, in device stream order, so the caller
 may donate the pools to its next step at once. Plans larger than the staging cap go in
@@ -45,7 +46,8 @@ MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
 class TransferEngine:
     """Device pools <-> pinned host pools for one layout (optionally on a `("tp",)` mesh).
 
-    Holds the host tier (allocated here, zero-filled). Device staging is bounded by
+    Holds the host tier (its memory pinned here; pages read as zeros until written).
+    Device staging is bounded by
     `max_staging_bytes` per device and allocator: a persistent buffer of `chunk_pages`
     rows for loads that gather rows from several blocks, and as much again for the rows a
     backup packs until they are on the host (the first device also holds a broadcast copy
@@ -113,7 +115,7 @@ class TransferEngine:
         `handle.done()` / `handle.wait()`.
         """
         started = time.perf_counter()
-        early = self._blocks.early_copies(plan) if plan.direction is Direction.LOAD else {}
+        early = self._blocks.early_copies(plan)
         check_plan(plan, self.layout, self._device.pages, self.host.pages)
         self._device.check(pools)
         backup = plan.direction is Direction.BACKUP

@@ -119,6 +119,8 @@ def test_a_plan_that_does_not_fit_moves_nothing(v4):
             assert not ones[k].is_deleted()  # nothing was donated
     with pytest.raises(ValueError, match="lack"):
         engine.start(make_plan(layout, "load", {"kv": ([1], [2])}), {"swa": ones["swa"]})
+    with pytest.raises(ValueError, match="takes a TransferPlan, got str"):
+        engine.start("load everything", ones)
     assert np.array_equal(engine.read_host_rows("kv", np.arange(16)), before_host)
 
 
