@@ -89,6 +89,8 @@ class CacheStats:
     in_flight: Mapping[str, int]                      # direction -> transfers in flight
     prefetches: Mapping[str, int]                     # prefetch outcome -> prefetches (storage -> host)
     storage: StorageStats | None = None               # the storage tier's counters (None: no storage)
+    host_held_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)       # pool -> its blocks' bytes
+    host_compacted_pages: Mapping[str, int] = dataclasses.field(default_factory=dict)  # allocator -> pages moved
 
 
 class StatsCollector:
@@ -121,6 +123,10 @@ class StatsCollector:
              tuple(r.value for r in Refusal)),
             (G, "hicache_host_used_bytes", "Host bytes holding cached pages, per pool", "pool", s.host_used_bytes, ()),
             (G, "hicache_host_capacity_bytes", "Host bytes of the pool", "pool", s.host_capacity_bytes, ()),
+            (G, "hicache_host_held_bytes", "Host bytes of the pinned blocks (cached pages, dead rows), per pool",
+             "pool", s.host_held_bytes, ()),
+            (C, "hicache_host_compacted_pages", "Host pages moved to new blocks to drop dead rows, per allocator",
+             "allocator", s.host_compacted_pages, ()),
             (G, "hicache_device_used_bytes", "Device bytes in use (cached, held, in flight), per pool", "pool",
              s.device_used_bytes, ()),
             (G, "hicache_device_capacity_bytes", "Device bytes of the pool", "pool", s.device_capacity_bytes, ()),
@@ -155,8 +161,10 @@ class StatsCollector:
 
 
 def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mapping[str, int],
-             storage: StorageStats | None = None) -> CacheStats:
-    """Build a `CacheStats` from the controller's tally and the tree core's counters."""
+             storage: StorageStats | None = None,
+             host_blocks: Mapping[str, tuple[int, int]] | None = None) -> CacheStats:
+    """Build a `CacheStats` from the controller's tally and the tree core's counters;
+    `host_blocks`: allocator -> (rows its blocks hold, pages compaction moved)."""
     stats = core.stats
     dropped: dict[str, dict[str, int]] = {}
     for p in layout.byte_pools:
@@ -190,4 +198,7 @@ def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mappi
         in_flight=dict(in_flight),
         prefetches={o.value: v for o, v in stats.prefetches.items() if v},
         storage=storage,
+        host_held_bytes={p.name: host_blocks[p.allocator][0] * p.num_layers * p.page_bytes
+                         for p in layout.byte_pools if host_blocks and p.allocator in host_blocks},
+        host_compacted_pages={a: moved for a, (_, moved) in (host_blocks or {}).items()},
     )

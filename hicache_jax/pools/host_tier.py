@@ -146,9 +146,10 @@ class HostTier:
     def sharding(self, allocator: str) -> jax.sharding.Sharding:
         return self.devices.row_sharding(self.formats[allocator].sharded, HOST_MEMORY)
 
-    def rows_held(self) -> dict[str, int]:
-        """Rows of every block held, per allocator (at most its host pages after a write)."""
-        return {a: t.rows for a, t in self.tables.items()}
+    def rows_held(self) -> dict[str, tuple[int, int]]:
+        """Per allocator: (rows its blocks hold, at most its host pages after a write; pages
+        compaction has moved)."""
+        return {a: (t.rows, t.compacted) for a, t in self.tables.items()}
 
     def zeros(self, allocator: str, rows: int) -> jax.Array:
         """A pinned block of `rows` zero rows: what pages never written read as."""

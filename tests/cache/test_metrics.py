@@ -23,6 +23,10 @@ def test_sidecar_and_state_pools_show_backup_bytes():
         got = value(text, "hicache_backup_bytes_total", pool=pool)
         assert got and got == s.backup_bytes[pool]
         assert value(text, "hicache_host_used_bytes", pool=pool) > 0
+        # the pinned blocks hold the pages backed up (no page written twice: no dead rows)
+        assert value(text, "hicache_host_held_bytes", pool=pool) == s.host_held_bytes[pool] == s.host_used_bytes[pool]
+    for allocator in ("kv", "swa"):
+        assert value(text, "hicache_host_compacted_pages_total", allocator=allocator) == 0
     spec = cache.layout.pool("deepseek_v4_c4_state")
     assert s.backup_bytes["deepseek_v4_c4_state"] == 1 * spec.num_layers * spec.page_bytes   # one SWA page
     assert s.backup_tokens["deepseek_v4_c4"] == 3 * 256
