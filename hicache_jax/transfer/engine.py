@@ -259,8 +259,13 @@ class TransferEngine:
     def _whole_plan(self, work, moves) -> tuple[tuple[str, int], ...] | None:
         """The `PlanPrograms` key when a multi-allocator plan on a single device moves as one
         program: every allocator one chunk, each exactly one block on load (`moves` are the
-        load's chunk moves, None for a backup); else None."""
+        load's chunk moves, None for a backup), in a shape `warmup` compiles (a prefix's pages
+        and its window's); else None."""
         if len(work) < 2 or self.devices.mesh is not None or any(len(parts) != 1 for _, parts in work):
+            return None
+        window = chunking.next_pow2(max(1, self.layout.window_pages()))
+        if {progs.fmt.allocator for progs, _ in work} != set(self._programs) or any(
+                parts[0].padded_pages > window for progs, parts in work if progs.fmt.allocator != self.layout.anchor.name):
             return None
         if moves is None:
             return tuple((progs.fmt.allocator, parts[0].padded_pages) for progs, parts in work)

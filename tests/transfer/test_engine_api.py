@@ -190,6 +190,15 @@ def test_after_warmup_no_plan_compiles(v4):
                     plan = make_plan(layout, direction, {a: (rng.permutation(device)[:n], pages)})
                     pools, handle = engine.start(plan, pools)
                     handle.wait()
+    # several allocators at once: a prefix's kv pages with its window's SWA page is one
+    # program; more SWA pages than a window go allocator by allocator
+    for n, swa in ((1, 1), (3, 1), (8, 1), (5, 3), (8, 4), (2, 2)):
+        for direction in ("backup", "load"):
+            host_kv = rng.integers(0, 16 - n) + np.arange(n) if rng.random() < 0.7 else rng.permutation(16)[:n]
+            plan = make_plan(layout, direction, {"kv": (rng.permutation(8)[:n], host_kv),
+                                                 "swa": (rng.permutation(4)[:swa], rng.permutation(8)[:swa])})
+            pools, handle = engine.start(plan, pools)
+            handle.wait()
     assert set(engine.compiled_programs()) == warmed
     with pytest.raises(ValueError, match="max_pages >= 1, got 0"):
         engine.warmup(max_pages=0)

@@ -128,11 +128,12 @@ def test_one_page_of_every_pool_and_long_single_runs():
 @pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41"])
 def test_a_plan_of_whole_runs_moves_as_one_program(name):
     """kv pages plus a window's SWA pages, each one whole host run: one program per plan
-    (both directions), exact; a fragmented allocator sends the plan down the per-allocator path."""
+    (both directions), exact; a fragmented allocator, or more SWA pages than a window (a
+    shape `warmup` does not compile as one program), sends the plan down the per-allocator path."""
     t = Harness(name, None, "reference")
     others = [a for a in t.allocators if a != "kv"]
-    whole = {"kv": ([7, 1, 4, 10], [12, 13, 14, 15]), **{a: ([3 + i, 9 - i], [20 + 2 * i, 21 + 2 * i])
-                                                           for i, a in enumerate(others)}}
+    assert t.layout.window_pages() == 1
+    whole = {"kv": ([7, 1, 4, 10], [12, 13, 14, 15]), **{a: ([3 + i], [20 + i]) for i, a in enumerate(others)}}
     t.run("backup", whole)
     t.run("load", {a: (np.array(d)[::-1], h) for a, (d, h) in whole.items()})
     plans = [k for k in t.engine.compiled_programs() if k.startswith("plan:")]
@@ -140,6 +141,9 @@ def test_a_plan_of_whole_runs_moves_as_one_program(name):
     moving = ("pack", "slice", "load_block", "unpack", "h2d")  # the harness reads rows with others
     assert not [k for k in t.engine.compiled_programs() if not k.startswith("plan:") and any(m in k for m in moving)]
     t.run("load", {**whole, "kv": ([0, 2, 5], [1, 7, 30])})       # fragmented kv: per allocator
+    wide = {**whole, **{a: ([3 + i, 9 - i], [20 + 2 * i, 21 + 2 * i]) for i, a in enumerate(others)}}
+    t.run("backup", wide)                                          # two SWA pages: per allocator
+    t.run("load", wide)
     assert len([k for k in t.engine.compiled_programs() if k.startswith("plan:")]) == 2
     assert all(not host_compute_violations(j) for j in t.engine.program_jaxprs().values())
 
