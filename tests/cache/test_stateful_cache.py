@@ -13,7 +13,7 @@ allocator must come back.
 import numpy as np
 import pytest
 from hypothesis import event, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import hicache_jax as hc
 from driver import Driver, layout, seq
@@ -28,14 +28,16 @@ class CacheMachine(RuleBasedStateMachine):
     @initialize(name=st.sampled_from(sorted(LAYOUTS)),
                 policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
                 slow=st.booleans(), device=st.integers(4, 6), host=st.integers(6, 24),
-                first=st.lists(PROMPT, min_size=2, max_size=5), paced=st.booleans())
-    def setup(self, name, policy, slow, device, host, first, paced):
+                first=st.lists(PROMPT, min_size=2, max_size=5), paced=st.booleans(), early=st.booleans())
+    def setup(self, name, policy, slow, device, host, first, paced, early):
         pace = LAYOUTS[name].page_bytes_of(LAYOUTS[name].anchor.name) if paced else None  # a page a step
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
                                load_back_threshold=1, backup_bytes_per_step=pace, **self.storage_config())
         self.name, self.cfg, self.slow = name, cfg, {"backup", "load"} if slow else set()
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)
+        if early:                       # every one-block load copied early (prefetch / start)
+            self.cache.engine._blocks.early_bytes = 0
         self.driver = Driver(self.cache)
         self.seen = []
         for blocks in first:            # some conversations to come back to
@@ -119,6 +121,13 @@ class CacheMachine(RuleBasedStateMachine):
     @rule(direction=st.sampled_from(["backup", "load"]), when=st.sampled_from(["start", "done"]))
     def fail_next(self, direction, when):
         (self.faulty.fail_start if when == "start" else self.faulty.fail_done).add(direction)
+
+    @invariant()
+    def host_blocks_stay_within_the_tier(self):
+        if hasattr(self, "cache"):
+            for table in self.cache.engine.host.tables.values():
+                table.check_invariants()
+                assert table.rows <= table.capacity
 
     def teardown(self):
         if hasattr(self, "cache"):
