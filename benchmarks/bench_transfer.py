@@ -130,7 +130,7 @@ def v4_section(bench: Bench, cfg_path: str, kv_pages, swa_pages, kv_max: int, sw
         pp = pools["deepseek_v4_c4"].unsafe_buffer_pointer()
         pools, _ = run_pair(engine, pools, layout, {"kv": 4}, rng, dev_total, host_total, 1)
         bench.results["in_place"] = {"pool_c4": pools["deepseek_v4_c4"].unsafe_buffer_pointer() == pp,
-                                     "host_rows_held": engine.host.rows_held()}
+                                     "host_block_counts": engine.host.block_counts()}
     except Exception as e:
         bench.results["in_place"] = f"not checked: {e!r}"
 

@@ -371,7 +371,7 @@ class HiCache:
         in_flight = self._in_flight()
         return snapshot(self.layout, self.core, self.tally, self._requested_tokens,
                         {d.value: sum(t.direction is d for t in in_flight) for d in Direction},
-                        self._storage.stats() if self._storage is not None else None, self.engine.host.rows_held())
+                        self._storage.stats() if self._storage is not None else None, self.engine.host.block_counts())
 
     def metrics_text(self) -> str:
         """The Prometheus text exposition of this cache's metrics."""

@@ -85,9 +85,9 @@ class Flights:
     def pump(self, budget: int | None) -> int:
         """Dispatch paced pieces, oldest transfer first, up to `budget` bytes (at least one
         piece when any waits; None: pacing is off); returns the bytes dispatched."""
-        used = 0
         if budget is None:
             return 0
+        used = 0
         for tid, flight in list(self._flights.items()):
             while flight.rest and (used == 0 or used + flight.rest[0].nbytes(self._layout) <= budget):
                 size = flight.rest[0].nbytes(self._layout)

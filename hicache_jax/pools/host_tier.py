@@ -148,7 +148,7 @@ class HostTier:
     def sharding(self, allocator: str) -> jax.sharding.Sharding:
         return self.devices.row_sharding(self.formats[allocator].sharded, HOST_MEMORY)
 
-    def rows_held(self) -> dict[str, tuple[int, int]]:
+    def block_counts(self) -> dict[str, tuple[int, int]]:
         """Per allocator: (rows its blocks hold, at most its host pages after a write; pages
         compaction has moved)."""
         return {a: (t.rows, t.compacted) for a, t in self.tables.items()}

@@ -30,7 +30,8 @@ class HostBlocks:
     def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], early_copy_bytes: int):
         self.host, self._programs = host, programs
         self.early_bytes = early_copy_bytes
-        self._prefetched: dict[int, tuple[jax.Array, jax.Array]] = {}  # by id(block): (block, device copy)
+        # by id(block): (block, device copy); holding the block keeps its id from being reused
+        self._prefetched: dict[int, tuple[jax.Array, jax.Array]] = {}
 
     # -- early copies ------------------------------------------------------------------------
     def early(self, progs: AllocatorPrograms, pages: int) -> bool:
@@ -49,10 +50,9 @@ class HostBlocks:
         pages = np.asarray(pages)
         if pages.ndim != 1 or not pages.size or not np.issubdtype(pages.dtype, np.integer):
             return False
-        start, n = int(pages[0]), int(pages.size)
-        if int(pages[-1]) - start != n - 1 or not (np.diff(pages) == 1).all():
+        if not (np.diff(pages) == 1).all():
             return False
-        return self._copy(allocator, start, n, self._prefetched)
+        return self._copy(allocator, int(pages[0]), int(pages.size), self._prefetched)
 
     def early_copies(self, plan: TransferPlan) -> dict[int, tuple[jax.Array, jax.Array]]:
         """The early copies a load plan uses, `{id(block): (block, device copy)}`: those
@@ -91,7 +91,7 @@ class HostBlocks:
             block = table.whole(start, part.padded_pages)
             if block is not None:
                 copied = early.get(id(block))
-                return ("rows", copied[1]) if copied is not None and copied[0] is block else ("block", block)
+                return ("rows", copied[1]) if copied is not None else ("block", block)
         pieces = []
         for g in part.groups:
             for i in range(g.num_real):
@@ -111,8 +111,9 @@ class HostBlocks:
         kind, payload = move
         if kind != "pieces":
             return [(Program.LOAD_BLOCK, part.padded_pages, int(kind == "rows"))]
-        return [*((Program.H2D, int(array.shape[0]), k) for array, _, k, _ in payload),
-                *([(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []), (Program.UNPACK, part.padded_pages)]
+        take = [(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []
+        return [*((Program.H2D, int(array.shape[0]), k) for array, _, k, _ in payload), *take,
+                (Program.UNPACK, part.padded_pages)]
 
     # -- rows outside the plans (L3 storage, snapshots, tests) --------------------------------
     def read_rows(self, progs: AllocatorPrograms, pages: np.ndarray) -> np.ndarray:
@@ -122,10 +123,9 @@ class HostBlocks:
             at = offset
             for block, row, n in table.segments(start, 1 << log2):
                 if block != NO_BLOCK:
-                    array = table.arrays[block]
                     for piece, k in binary(n):
-                        read = progs.compiled(Program.READ, int(array.shape[0]), k)
-                        out[at + piece:at + piece + (1 << k)] = np.asarray(read(array, np.array([row + piece], np.int32)))
+                        rows = _read(progs, table.arrays[block], row + piece, k)
+                        out[at + piece:at + piece + (1 << k)] = np.asarray(rows)
                 at += n
         return out
 
@@ -150,10 +150,15 @@ class HostBlocks:
             for start, n in table.live_pages(block):
                 row = start - table.start[block]
                 for piece, k in binary(n):
-                    rows = progs.compiled(Program.READ, int(array.shape[0]), k)(array, np.array([row + piece], np.int32))
+                    rows = _read(progs, array, row + piece, k)
                     table.release(np.arange(start + piece, start + piece + (1 << k)))
                     table.add(start + piece, jax.device_put(rows, progs.host_sharding))
                 table.compacted += n
+
+
+def _read(progs: AllocatorPrograms, block: jax.Array, row: int, log2_rows: int) -> jax.Array:
+    """`2**log2_rows` rows of `block` from `row`, on the device."""
+    return progs.compiled(Program.READ, int(block.shape[0]), log2_rows)(block, np.array([row], np.int32))
 
 
 def pieces_of(pages: np.ndarray, max_pages: int) -> list[tuple[int, int, int]]:

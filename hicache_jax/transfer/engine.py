@@ -91,6 +91,9 @@ class TransferEngine:
         }
         self._plan_programs = PlanPrograms(self._programs)
         self._blocks = HostBlocks(self.host, self._programs, early_copy_bytes)
+        # one program per plan in the shapes of a prefix: any anchor chunk, the other
+        # allocators up to the trailing window (`_whole_plan`, `_warm_plans`)
+        self._plan_window = chunking.next_pow2(max(1, layout.window_pages()))
         self._staging: dict[str, jax.Array] = {}
 
     # -- device pools ----------------------------------------------------------------------
@@ -127,7 +130,8 @@ class TransferEngine:
             runs = [(r.offset, r.host_start, r.length) for r in batch.host_runs]
             work.append((progs, chunking.split(np.asarray(batch.device_pages, np.int32), runs, progs.chunk_pages)))
         # compile before anything moves: a compile error leaves both tiers as they were
-        moves = None if backup else [[self._blocks.load_move(progs, part, early) for part in parts] for progs, parts in work]
+        moves = None if backup else [[self._blocks.load_move(progs, part, early) for part in parts]
+                                     for progs, parts in work]
         whole = self._whole_plan(work, moves)
         if whole is not None:
             self._plan_programs.compiled(backup, whole)
@@ -175,16 +179,19 @@ class TransferEngine:
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
             for pages in _pow2_upto(limit):
                 k = pages.bit_length() - 1
-                keys = [(Program.PACK, pages), (Program.UNPACK, pages),
-                        *((Program.SLICE, pages, j) for j in range(k)),
-                        *((Program.H2D, pages, j) for j in range(k + 1)), *((Program.READ, pages, j) for j in range(k + 1))]
-                keys += [(Program.TAKE, pages)] if progs.broadcast_load else [
-                    (Program.LOAD_BLOCK, pages, 0), *([(Program.LOAD_BLOCK, pages, 1)] if self._blocks.early(progs, pages) else [])]
+                keys = [(Program.PACK, pages), (Program.UNPACK, pages), *((Program.SLICE, pages, j) for j in range(k)),
+                        *((Program.H2D, pages, j) for j in range(k + 1)),
+                        *((Program.READ, pages, j) for j in range(k + 1))]
+                if progs.broadcast_load:
+                    keys.append((Program.TAKE, pages))
+                else:
+                    keys += [(Program.LOAD_BLOCK, pages, on) for on in range(1 + self._blocks.early(progs, pages))]
                 for key in keys:
                     progs.compiled(*key)
         for runs in self._warm_plans(max_pages):
             self._plan_programs.compiled(True, runs)
-            self._plan_programs.compiled(False, tuple((a, n, int(self._blocks.early(self._programs[a], n))) for a, n in runs))
+            self._plan_programs.compiled(False, tuple((a, n, int(self._blocks.early(self._programs[a], n)))
+                                                      for a, n in runs))
         return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
 
     def _warm_plans(self, max_pages: int | None) -> list[tuple[tuple[str, int], ...]]:
@@ -198,10 +205,9 @@ class TransferEngine:
         anchor = self.layout.anchor.name
         if anchor not in self._programs:
             return []
-        window = chunking.next_pow2(max(1, self.layout.window_pages()))
         shapes = [()]
         for a in sorted(self._programs):
-            sizes = lengths(a, MAX_CHUNK_PAGES if a == anchor else window)
+            sizes = lengths(a, MAX_CHUNK_PAGES if a == anchor else self._plan_window)
             shapes = [s + ((a, n),) for s in shapes for n in sizes]
         return shapes
 
@@ -263,9 +269,9 @@ class TransferEngine:
         and its window's); else None."""
         if len(work) < 2 or self.devices.mesh is not None or any(len(parts) != 1 for _, parts in work):
             return None
-        window = chunking.next_pow2(max(1, self.layout.window_pages()))
         if {progs.fmt.allocator for progs, _ in work} != set(self._programs) or any(
-                parts[0].padded_pages > window for progs, parts in work if progs.fmt.allocator != self.layout.anchor.name):
+                parts[0].padded_pages > self._plan_window
+                for progs, parts in work if progs.fmt.allocator != self.layout.anchor.name):
             return None
         if moves is None:
             return tuple((progs.fmt.allocator, parts[0].padded_pages) for progs, parts in work)

@@ -16,9 +16,9 @@ so the copy runs beside the model's next step instead of in its stream):
 
 `load_block` moves a chunk that is exactly one block (the common case: a prefix backed up
 as one run and loaded back whole); when that block is large the engine starts its copy by
-`device_put` before it checks the plan, and the program unpacks the copy; any other chunk gathers its rows block by block into
-the engine's staging buffer (`h2d`, a whole-block DMA when the piece is the block) and
-unpacks them. A plan whose every allocator moves as one such chunk runs as ONE program on
+`device_put` before it checks the plan, and the program unpacks the copy; any other chunk
+gathers its rows block by block into the engine's staging buffer (`h2d`, a whole-block DMA
+when the piece is the block) and unpacks them. A plan whose every allocator moves as one such chunk runs as ONE program on
 a single device (`PlanPrograms`), so a load-back of a prefix's kv and SWA pages, or the
 pack of a backup batch, costs one dispatch.
 
@@ -136,9 +136,6 @@ class AllocatorPrograms:
     def _pools(self, shardings):
         return tuple(self._spec(s, sh) for s, sh in zip(self.pool_shapes, shardings))
 
-    def _host(self, rows: int):
-        return self._host_example(rows)
-
     def _pack(self, pages: int):
         def pack(pools, idx):
             return self._gather_rows(pools, idx)
@@ -157,7 +154,7 @@ class AllocatorPrograms:
             rows = block if on_device else jax.device_put(block, _DEVICE)
             return self._scatter_rows(pools, rows, idx), idx[0] + 0
 
-        block = self._staging_spec(pages) if on_device else self._host(pages)
+        block = self._staging_spec(pages) if on_device else self._host_example(pages)
         args = (self._pools(self.pool_shardings), block, self._index(pages))
         return load_block, args, (0,), (tuple(self.pool_shardings), self.home)
 
@@ -179,19 +176,17 @@ class AllocatorPrograms:
         size = 1 << log2_rows
 
         def h2d(staging, block, src, dst):
-            rows = block if size == block_rows else jax.lax.dynamic_slice_in_dim(block, src[0], size, 0)
-            return jax.lax.dynamic_update_slice_in_dim(staging, jax.device_put(rows, _DEVICE), dst[0], 0)
+            return jax.lax.dynamic_update_slice_in_dim(staging, _block_rows(block, src, size), dst[0], 0)
 
-        args = (self._staging_spec(), self._host(block_rows), self._index(1), self._index(1))
+        args = (self._staging_spec(), self._host_example(block_rows), self._index(1), self._index(1))
         return h2d, args, (0,), self.staging_sharding
 
     def _read(self, block_rows: int, log2_rows: int):
         size = 1 << log2_rows
 
         def read(block, start):
-            rows = block if size == block_rows else jax.lax.dynamic_slice_in_dim(block, start[0], size, 0)
-            return jax.device_put(rows, _DEVICE)
-        return read, (self._host(block_rows), self._index(1)), (), self.staging_sharding
+            return _block_rows(block, start, size)
+        return read, (self._host_example(block_rows), self._index(1)), (), self.staging_sharding
 
 
 class PlanPrograms:
@@ -241,6 +236,13 @@ class PlanPrograms:
     def labelled(self) -> dict[str, jax.stages.Compiled]:
         """Every plan program compiled so far, by label."""
         return {self._labels[key]: program for key, program in self._cache.items()}
+
+
+def _block_rows(block, start, size: int):
+    """`size` rows of a host block from `start[0]`, on the device: the whole block by DMA
+    when it is that size, else a slice of it."""
+    rows = block if size == block.shape[0] else jax.lax.dynamic_slice_in_dim(block, start[0], size, 0)
+    return jax.device_put(rows, _DEVICE)
 
 
 def _compile(fn, args, donate, outs, label: str, jaxprs: dict) -> jax.stages.Compiled:
