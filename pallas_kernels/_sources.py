@@ -1,6 +1,7 @@
 """Shared argument handling of the page kernels: implementation names, source shapes, checks."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import logging
@@ -10,7 +11,7 @@ import jax
 import numpy as np
 
 from pallas_kernels.indices import check_indices
-from pallas_kernels.row_layout import RowLayout, row_layout, source_dims
+from pallas_kernels.row_layout import RowLayout, layer_ranges, row_layout, source_dims
 
 BACKENDS = ("mosaic_gpu", "triton", "tpu")
 # Every name `impl=` takes: "auto", a backend, the backend interpreted on the CPU, or plain jnp.
@@ -73,9 +74,12 @@ def backend_module(backend: str):
 
 
 def describe(sources: Sequence[jax.Array], backend: str, block_bytes: int | None,
-             align_bytes: int = 1) -> tuple[RowLayout, int]:
-    """(row layout, num_pages) of `sources` for `backend`; ValueError if they do not share
-    dtype and page count, or if the backend cannot move pages of their size."""
+             align_bytes: int = 1, layers: Sequence[tuple[int, int, int]] | None = None,
+             disjoint: bool = False) -> tuple[RowLayout, int]:
+    """(row layout, num_pages) of `sources` for `backend`, its segments `layers` (None:
+    every source whole); ValueError if the sources do not share dtype and page count, if
+    the backend cannot move pages of their size, or if `layers` is bad (`layer_ranges`;
+    `disjoint` for a scatter)."""
     if not sources:
         raise ValueError("at least one source array is needed")
     dtype, pages = sources[0].dtype, None
@@ -83,7 +87,7 @@ def describe(sources: Sequence[jax.Array], backend: str, block_bytes: int | None
     granule = GRANULE_BYTES.get(backend)
     dims = []
     for i, s in enumerate(sources):
-        layers, num_pages, elems = source_dims(s.shape)
+        layers_i, num_pages, elems = source_dims(s.shape)
         if s.dtype != dtype:
             raise ValueError(f"source {i} has dtype {s.dtype}, source 0 has {dtype}: one staging row holds one dtype")
         if pages is not None and num_pages != pages:
@@ -92,9 +96,21 @@ def describe(sources: Sequence[jax.Array], backend: str, block_bytes: int | None
             raise ValueError(f"source {i} has pages of {elems * itemsize} B: the {backend} kernels move whole "
                              f"multiples of {granule} B (use another impl, e.g. 'reference')")
         pages = num_pages
-        dims.append((layers, elems))
+        dims.append((layers_i, elems))
+    ranges = layer_ranges([d[0] for d in dims], layers, disjoint=disjoint)
     block = DEFAULT_BLOCK_BYTES[backend] if block_bytes is None else block_bytes
-    return row_layout(dims, itemsize, block, align_bytes, granule), pages
+    return row_layout(dims, itemsize, block, align_bytes, granule, ranges), pages
+
+
+def used_only(layout: RowLayout, sources: Sequence) -> tuple[RowLayout, list, list[int]]:
+    """(layout, sources, their indices in `sources`) with the sources no segment names
+    left out and the segments renumbered to match (the kernels then never see them)."""
+    used = sorted({seg.source for seg in layout.segments})
+    if len(used) == len(sources):
+        return layout, list(sources), used
+    new = {s: k for k, s in enumerate(used)}
+    segments = tuple(dataclasses.replace(seg, source=new[seg.source]) for seg in layout.segments)
+    return dataclasses.replace(layout, segments=segments), [sources[s] for s in used], used
 
 
 def flat(source: jax.Array) -> jax.Array:

@@ -1,6 +1,7 @@
 """`gather_pages`: pack pages of several sources into contiguous staging rows (any backend)."""
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import jax
@@ -8,7 +9,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import _sources
 from pallas_kernels._triton_offsets import triton_can_address
-from pallas_kernels.row_layout import padded_elems
+from pallas_kernels.row_layout import layer_ranges, padded_elems
 
 
 def gather_pages(
@@ -19,18 +20,23 @@ def gather_pages(
     impl: str = "auto",
     block_bytes: int | None = None,
     align_bytes: int = 1,
+    layers: Sequence[tuple[int, int, int]] | None = None,  # (source, first layer, number of layers) per segment
 ) -> jax.Array:                    # [n, row_elems], or the updated `into`
     """Row i of the result packs page `indices[i]` of every source (layout: `row_layout`).
 
     Reads the sources only. A PAD entry's row holds page 0. Rows are padded with zeros to
     a multiple of `align_bytes`. With `into`, the rows are written into that buffer
     (in place when the enclosing jit donates it) and rows >= n keep their contents.
+    `layers` gives the row's segments in order, each `(source, first layer, n)`: the page
+    of layers first .. first + n - 1 of that source (a source may be in several segments
+    or none); None: every source whole, in order. Each range must lie inside its source.
     `impl` is one of `IMPLS` ("auto": see `auto_impl`); `block_bytes` caps the bytes one
-    copy moves (default: the backend's). Concrete `indices` are checked here (ValueError
-    before any device work); traced ones must have been checked with `check_indices`.
+    copy moves (default: the backend's). Concrete `indices` and `layers` are checked here
+    (ValueError before any device work); traced indices must have been checked with
+    `check_indices`.
     """
     backend, interpret = _sources.resolve(impl)
-    layout, num_pages = _sources.describe(sources, backend, block_bytes, align_bytes)
+    layout, num_pages = _sources.describe(sources, backend, block_bytes, align_bytes, layers)
     _sources.maybe_check(indices, num_pages, unique=False)
     n = int(indices.shape[0])
     dtype = sources[0].dtype
@@ -38,11 +44,12 @@ def gather_pages(
         _sources.check_staging(into, layout, dtype, n, "into")
     if n == 0:
         return into if into is not None else jnp.zeros((0, layout.row_elems), dtype)
-    if backend == "triton" and not interpret and not triton_can_address([*sources, into]):
+    layout, used, _ = _sources.used_only(layout, sources)
+    if backend == "triton" and not interpret and not triton_can_address([*used, into]):
         backend = "reference"
     if backend == "reference":
-        return gather_pages_reference(sources, indices, into=into, align_bytes=align_bytes)
-    flat = [_sources.flat(s) for s in sources]
+        return gather_pages_reference(sources, indices, into=into, align_bytes=align_bytes, layers=layers)
+    flat = [_sources.flat(s) for s in used]
     out = _sources.backend_module(backend).gather(layout, flat, jnp.asarray(indices, jnp.int32), into, interpret)
     if layout.data_elems < layout.row_elems:  # the padding: a few bytes per row, written in place
         if into is None:  # keeps XLA's GPU compiler from fusing the kernel into the update (it fails to)
@@ -52,12 +59,15 @@ def gather_pages(
 
 
 def gather_pages_reference(sources: Sequence[jax.Array], indices, *, into: jax.Array | None = None,
-                           align_bytes: int = 1) -> jax.Array:
+                           align_bytes: int = 1, layers: Sequence[tuple[int, int, int]] | None = None) -> jax.Array:
     """Plain-jnp twin of `gather_pages` (same result, XLA gathers and a transpose)."""
+    ranges = layer_ranges([s.shape[0] for s in sources], layers)
     indices = jnp.asarray(indices, jnp.int32)
     n = int(indices.shape[0])
     safe = jnp.maximum(indices, 0)
-    rows = jnp.concatenate([jnp.swapaxes(s[:, safe], 0, 1).reshape(n, -1) for s in sources], axis=1)
+    rows = jnp.concatenate([
+        jnp.swapaxes(sources[k][first:first + count, safe], 0, 1).reshape(n, count * math.prod(sources[k].shape[2:]))
+        for k, first, count in ranges], axis=1)
     width = padded_elems(rows.shape[1], rows.dtype.itemsize, align_bytes)
     rows = jnp.pad(rows, ((0, 0), (0, width - rows.shape[1])))
     if into is None:

@@ -88,8 +88,8 @@ def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: j
         srcs, out, buf, bars = refs[:len(flat)], refs[len(flat)], refs[-2], refs[-1]
         page = lambda i: jnp.maximum(idx_ref[i], 0)  # PAD reads page 0
         _ring(layout, n, plan_, buf, bars,
-              lambda i, j, seg, k, size: _page_block(srcs[k], page(i), j, seg, size),
-              lambda i, j, seg, k, size: _row_block(out, i, j, seg, size), lambda i: None)
+              lambda i, j, seg, size: _page_block(srcs[seg.source], page(i), j, seg, size),
+              lambda i, j, seg, size: _row_block(out, i, j, seg, size), lambda i: None)
 
     if into is None:
         return _call(body, plan_, dtype, jax.ShapeDtypeStruct(shape, dtype), interpret)(indices, *flat)
@@ -116,8 +116,9 @@ def scatter(layout: RowLayout, flat: list[jax.Array], staging: jax.Array, indice
         dsts, buf, bars = refs[:len(flat)], refs[-2], refs[-1]
         page = lambda i: jnp.maximum(idx_ref[i], 0)  # a PAD row is never stored
         _ring(layout, n, plan_, buf, bars,
-              lambda i, j, seg, k, size: _row_block(rows, i, j, seg, size),
-              lambda i, j, seg, k, size: _page_block(dsts[k], page(i), j, seg, size), lambda i: idx_ref[i] != PAD)
+              lambda i, j, seg, size: _row_block(rows, i, j, seg, size),
+              lambda i, j, seg, size: _page_block(dsts[seg.source], page(i), j, seg, size),
+              lambda i: idx_ref[i] != PAD)
 
     pools = [jax.new_ref(f) for f in flat]
     _call(body, plan_, dtype, (), interpret)(indices, staging, *pools)
@@ -127,7 +128,7 @@ def scatter(layout: RowLayout, flat: list[jax.Array], staging: jax.Array, indice
 def _page_block(pool, page, j, seg, size):
     """Block j of the row (in segment `seg`) inside page `page` of its pool `[L, P, E]`."""
     layer, off = seg.locate(j - seg.first_block, jnp.where)
-    return pool.at[layer, page, pl.ds(off, size)]
+    return pool.at[seg.first_layer + layer, page, pl.ds(off, size)]
 
 
 def _row_block(rows, i, j, seg, size):
@@ -147,43 +148,42 @@ def _call(body, plan_: Plan, dtype, out_type, interpret: bool):
 def _ring(layout: RowLayout, n: int, plan_: Plan, buf, bars, src_of, dst_of, keep) -> None:
     """Move this CTA's items through the slot ring (module docstring).
 
-    `src_of(i, j, seg, k, size)` / `dst_of(...)`: GMEM refs of item (row i, block j in
-    segment k, `size` elements);
+    `src_of(i, j, seg, size)` / `dst_of(...)`: GMEM refs of item (row i, block j in
+    segment `seg`, `size` elements);
     `keep(i)`: whether row i is stored (None: always).
     """
     slots, _, ctas, lag = plan_
     total = n * layout.num_blocks
     c = jax.lax.axis_index("cta")
     count = jax.lax.div(total - c + ctas - 1, ctas)      # items of this CTA, >= 1
-    segments = list(enumerate(layout.segments))
 
     def each_segment(t, fn):
-        """Run fn(i, j, seg, k, size) in the branch of the segment that item t's block
+        """Run fn(i, j, seg, size) in the branch of the segment that item t's block
         falls in; `size` (static) is the block's length, shorter for a page's last block."""
         g = c + t * ctas
         i, j = jax.lax.div(g, layout.num_blocks), jax.lax.rem(g, layout.num_blocks)
-        for k, seg in segments:
+        for seg in layout.segments:
             inside = (j >= seg.first_block) & (j < seg.first_block + seg.num_blocks)
             if seg.last_elems == seg.block_elems:
-                pl.when(inside)(functools.partial(fn, i, j, seg, k, seg.block_elems))
+                pl.when(inside)(functools.partial(fn, i, j, seg, seg.block_elems))
                 continue
             last = jax.lax.rem(j - seg.first_block, seg.blocks_per_page) == seg.blocks_per_page - 1
-            pl.when(inside & ~last)(functools.partial(fn, i, j, seg, k, seg.block_elems))
-            pl.when(inside & last)(functools.partial(fn, i, j, seg, k, seg.last_elems))
+            pl.when(inside & ~last)(functools.partial(fn, i, j, seg, seg.block_elems))
+            pl.when(inside & last)(functools.partial(fn, i, j, seg, seg.last_elems))
 
     def load(t):
         slot = jax.lax.rem(t, slots)
 
-        def issue(i, j, seg, k, size):
-            plgpu.copy_gmem_to_smem(src_of(i, j, seg, k, size), buf.at[slot, pl.ds(0, size)], bars.at[slot],
+        def issue(i, j, seg, size):
+            plgpu.copy_gmem_to_smem(src_of(i, j, seg, size), buf.at[slot, pl.ds(0, size)], bars.at[slot],
                                     oob_mode=plgpu.OOBFillMode.PROMISE_IN_BOUNDS)
         each_segment(t, issue)
 
     def store(t):
         slot = jax.lax.rem(t, slots)
 
-        def issue(i, j, seg, k, size):
-            copy = lambda: plgpu.copy_smem_to_gmem(buf.at[slot, pl.ds(0, size)], dst_of(i, j, seg, k, size))
+        def issue(i, j, seg, size):
+            copy = lambda: plgpu.copy_smem_to_gmem(buf.at[slot, pl.ds(0, size)], dst_of(i, j, seg, size))
             wanted = keep(i)
             if wanted is None:
                 copy()

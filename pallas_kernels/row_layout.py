@@ -1,13 +1,20 @@
 """How the pages of several sources pack into one contiguous staging row.
 
 A *source* is an array `[num_layers, num_pages, *page_shape]` (a pool, or one layer of a
-pool). Packing page `p` of every source gives one row: the sources in order, each
-source's layers in order, each layer's page flattened:
+pool). Packing page `p` gives one row of *segments*, each a range of layers of one source
+(`(source, first layer, number of layers)`), each layer's page flattened. By default
+segment i is source i, all its layers:
 
     row:  | src0 layer0 page p | src0 layer1 page p | ... | src1 layer0 page p | ... |
           ^ segment 0 (row_offset 0)                       ^ segment 1 (row_offset L0*E0)
 
-The kernels copy a row in *blocks* of `block_elems` elements per source. How a page of E
+Given ranges, the segments follow them in order; a source may be in several segments or
+in none. `layers=[(1, 2, 2), (0, 0, 1)]`:
+
+    row:  | src1 layer2 page p | src1 layer3 page p | src0 layer0 page p |
+          ^ segment 0 (row_offset 0)                  ^ segment 1 (row_offset 2*E1)
+
+The kernels copy a row in *blocks* of `block_elems` elements per segment. How a page of E
 elements is cut depends on the kernel:
 
 - power-of-two blocks (Triton needs power-of-two shapes): ceil(E / B) blocks of
@@ -35,14 +42,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+import operator
+from collections.abc import Iterable, Sequence
 
 DEFAULT_BLOCK_BYTES = 4096  # best pack+unpack time of 4, 8, 16, 32 KiB on the H200 (BENCHMARKS.md)
 
 
 @dataclasses.dataclass(frozen=True)
 class Segment:
-    """One source's part of a row: `num_layers` pages of `page_elems` elements each."""
+    """One part of a row: the pages of layers `first_layer .. first_layer + num_layers - 1`
+    of source `source`, `page_elems` elements each."""
 
     num_layers: int
     page_elems: int
@@ -51,6 +60,8 @@ class Segment:
     blocks_per_page: int   # ceil(page_elems / block_elems)
     first_block: int       # index of this segment's first block in the row
     last_elems: int = 0    # elements of a page's last block (0: block_elems)
+    source: int = dataclasses.field(kw_only=True)        # index of the source in the sources
+    first_layer: int = dataclasses.field(default=0, kw_only=True)  # source layer of the segment's layer 0
 
     def __post_init__(self):
         if self.last_elems == 0:
@@ -61,7 +72,8 @@ class Segment:
         return self.num_layers * self.blocks_per_page
 
     def locate(self, block, where):
-        """(layer, element offset in the page) of this segment's `block`-th block.
+        """(layer in this segment, element offset in the page) of this segment's `block`-th
+        block; the source layer is `first_layer` + that layer.
 
         `where` is `jnp.where` in kernels (traced block ids) or any select function.
         """
@@ -73,7 +85,7 @@ class Segment:
 
 @dataclasses.dataclass(frozen=True)
 class RowLayout:
-    """Segments of a packed row, in source order; `row_elems` includes the end padding."""
+    """Segments of a packed row, in row order; `row_elems` includes the end padding."""
 
     segments: tuple[Segment, ...]
     row_elems: int
@@ -101,17 +113,22 @@ def padded_elems(elems: int, itemsize: int, align_bytes: int) -> int:
 
 
 def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int = DEFAULT_BLOCK_BYTES,
-               align_bytes: int = 1, granule_bytes: int | None = None) -> RowLayout:
+               align_bytes: int = 1, granule_bytes: int | None = None,
+               layers: Iterable[tuple[int, int, int]] | None = None) -> RowLayout:
     """Layout of a row over sources of `(num_layers, page_elems)`, elements of `itemsize`
     bytes, padded to a multiple of `align_bytes`; blocks are powers of two, or multiples
-    of `granule_bytes` when given (then every page must be a multiple of it too)."""
+    of `granule_bytes` when given (then every page must be a multiple of it too).
+    `layers`: the segments `(source, first layer, number of layers)` in row order (see
+    `layer_ranges`); None: every source whole, in order."""
     if block_bytes < itemsize or block_bytes & (block_bytes - 1):
         raise ValueError(f"block_bytes must be a power of two >= the item size {itemsize}, got {block_bytes}")
     max_block = block_bytes // itemsize
-    segments, offset, first = [], 0, 0
     for num_layers, page_elems in dims:
         if num_layers <= 0 or page_elems <= 0:
             raise ValueError(f"a source needs layers and page elements, got {num_layers} x {page_elems}")
+    segments, offset, first = [], 0, 0
+    for source, first_layer, num_layers in layer_ranges([d[0] for d in dims], layers):
+        page_elems = dims[source][1]
         if granule_bytes is None:
             block = min(max_block, 1 << (page_elems.bit_length() - 1))
             per_page, last = -(-page_elems // block), block
@@ -119,11 +136,47 @@ def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int 
             block = _granular_block(page_elems, itemsize, max_block, granule_bytes)
             per_page = -(-page_elems // block)
             last = page_elems - (per_page - 1) * block
-        seg = Segment(num_layers, page_elems, offset, block, per_page, first, last)
+        seg = Segment(num_layers, page_elems, offset, block, per_page, first, last,
+                      source=source, first_layer=first_layer)
         segments.append(seg)
         offset += num_layers * page_elems
         first += seg.num_blocks
     return RowLayout(tuple(segments), padded_elems(offset, itemsize, align_bytes), first, offset)
+
+
+def layer_ranges(num_layers: Sequence[int], layers: Iterable[tuple[int, int, int]] | None = None, *,
+                 disjoint: bool = False) -> tuple[tuple[int, int, int], ...]:
+    """The segments `(source, first layer, number of layers)` of a row over sources of
+    `num_layers[s]` layers: `layers` checked, or `(s, 0, num_layers[s])` for every source
+    when None. ValueError naming the entry unless it names a source, n >= 1 layers and
+    first >= 0 with first + n <= the source's layers; with `disjoint` (a scatter), also if
+    a layer of a source is in two segments."""
+    if layers is None:
+        return tuple((s, 0, int(n)) for s, n in enumerate(num_layers))
+    ranges, covered = [], {}
+    for entry in layers:
+        try:
+            source, first, n = (operator.index(v) for v in entry)
+        except (TypeError, ValueError):
+            raise ValueError(f"layers entry {entry!r} is not (source, first layer, number of layers)") from None
+        if not 0 <= source < len(num_layers):
+            raise ValueError(f"layers entry {entry!r}: source {source} outside 0..{len(num_layers) - 1}")
+        if n < 1:
+            raise ValueError(f"layers entry {entry!r}: number of layers {n} < 1")
+        if first < 0 or first + n > num_layers[source]:
+            raise ValueError(f"layers entry {entry!r}: layers {first}..{first + n - 1} outside "
+                             f"0..{num_layers[source] - 1} of source {source}")
+        if disjoint:
+            seen = covered.setdefault(source, set())
+            twice = seen.intersection(range(first, first + n))
+            if twice:
+                raise ValueError(f"layers entry {entry!r}: layers {sorted(twice)[:8]} of source {source} are in an "
+                                 f"earlier segment too: a scatter writes each layer once")
+            seen.update(range(first, first + n))
+        ranges.append((source, first, n))
+    if not ranges:
+        raise ValueError("layers names no segment: a row needs at least one")
+    return tuple(ranges)
 
 
 def _granular_block(page_elems: int, itemsize: int, max_block: int, granule_bytes: int) -> int:

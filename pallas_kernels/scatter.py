@@ -15,6 +15,7 @@ import jax.numpy as jnp
 from pallas_kernels import _sources
 from pallas_kernels._triton_offsets import triton_can_address
 from pallas_kernels.indices import PAD
+from pallas_kernels.row_layout import layer_ranges
 
 
 def scatter_pages(
@@ -25,42 +26,52 @@ def scatter_pages(
     impl: str = "auto",
     block_bytes: int | None = None,
     align_bytes: int = 1,
+    layers: Sequence[tuple[int, int, int]] | None = None,  # (source, first layer, number of layers) per segment
 ) -> tuple[jax.Array, ...]:        # the sources, updated
     """Write row i of `staging` to page `indices[i]` of every source.
 
     PAD entries write nothing; pages not named keep their contents; the rows' end padding
-    (to `align_bytes`, as `gather_pages` wrote it) is not read. `impl` and `block_bytes`
-    as for `gather_pages`. Concrete `indices` are checked here (range, uniqueness:
-    ValueError before any device work); traced ones must have been checked by the caller
-    with `check_indices(..., unique=True)`.
+    (to `align_bytes`, as `gather_pages` wrote it) is not read. `layers` as for
+    `gather_pages`, and no layer of a source may be in two segments: only the layers in
+    a segment are written (the pages of other layers, and sources in no segment, keep
+    their bytes). `impl` and `block_bytes` as for `gather_pages`. Concrete `indices`
+    (range, uniqueness) and `layers` are checked here (ValueError before any device
+    work); traced indices must have been checked by the caller with
+    `check_indices(..., unique=True)`.
     """
     backend, interpret = _sources.resolve(impl)
-    layout, num_pages = _sources.describe(sources, backend, block_bytes, align_bytes)
+    layout, num_pages = _sources.describe(sources, backend, block_bytes, align_bytes, layers, disjoint=True)
     _sources.maybe_check(indices, num_pages, unique=True)
     n = int(indices.shape[0])
     _sources.check_staging(staging, layout, sources[0].dtype, n, "staging")
     if n == 0:
         return tuple(sources)
-    if backend == "triton" and not interpret and not triton_can_address([*sources, staging]):
+    layout, used, which = _sources.used_only(layout, sources)
+    if backend == "triton" and not interpret and not triton_can_address([*used, staging]):
         backend = "reference"
     if backend == "reference":
-        return scatter_pages_reference(sources, staging, indices)
-    flat = [_sources.flat(s) for s in sources]
+        return scatter_pages_reference(sources, staging, indices, layers=layers)
+    flat = [_sources.flat(s) for s in used]
     out = _sources.backend_module(backend).scatter(layout, flat, staging, jnp.asarray(indices, jnp.int32), interpret)
-    return tuple(o.reshape(s.shape) for o, s in zip(out, sources))
+    result = list(sources)
+    for k, o in zip(which, out):
+        result[k] = o.reshape(sources[k].shape)
+    return tuple(result)
 
 
-def scatter_pages_reference(sources: Sequence[jax.Array], staging: jax.Array, indices) -> tuple[jax.Array, ...]:
+def scatter_pages_reference(sources: Sequence[jax.Array], staging: jax.Array, indices, *,
+                            layers: Sequence[tuple[int, int, int]] | None = None) -> tuple[jax.Array, ...]:
     """Plain-jnp twin of `scatter_pages` (XLA scatters with dropped PAD entries)."""
+    ranges = layer_ranges([s.shape[0] for s in sources], layers, disjoint=True)
     indices = jnp.asarray(indices, jnp.int32)
     n = int(indices.shape[0])
-    out = []
+    out = list(sources)
     offset = 0
-    for s in sources:
-        layers, pages = s.shape[0], s.shape[1]
-        width = math.prod(s.shape[2:]) * layers
-        target = jnp.where(indices == PAD, pages, indices)  # out of range: dropped
-        vals = staging[:n, offset:offset + width].reshape(n, layers, *s.shape[2:])
-        out.append(s.at[:, target].set(jnp.swapaxes(vals, 0, 1), mode="drop", unique_indices=True))
+    for k, first, count in ranges:
+        s = out[k]
+        width = math.prod(s.shape[2:]) * count
+        target = jnp.where(indices == PAD, s.shape[1], indices)  # out of range: dropped
+        vals = staging[:n, offset:offset + width].reshape(n, count, *s.shape[2:])
+        out[k] = s.at[first:first + count, target].set(jnp.swapaxes(vals, 0, 1), mode="drop", unique_indices=True)
         offset += width
     return tuple(out)

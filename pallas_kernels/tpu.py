@@ -1,13 +1,13 @@
-"""Pack/unpack on TPUs through Pallas TPU: one DMA per row, source and layer, HBM to HBM.
+"""Pack/unpack on TPUs through Pallas TPU: one DMA per row, segment and layer, HBM to HBM.
 
 Not run on TPU hardware: tested bit-exact against the jnp references in TPU interpret
 mode on the CPU only (README, limits).
 
 Every ref stays in HBM (`memory_space=pl.ANY`); the page indices are scalar-prefetched
 into SMEM so the kernel can address pages with them. A page of one layer is contiguous on
-both sides, so each (row, source, layer) is one DMA, with no trip through VMEM:
+both sides, so each (row, segment, layer) is one DMA, with no trip through VMEM:
 
-    src[k][layer, page, :]  --DMA-->  staging[i, row_offset_k + layer * E_k : ... + E_k]
+    src[seg.source][seg.first_layer + layer, page, :]  --DMA-->  staging[i, row_offset + layer * E : ... + E]
 
 Grid step s moves rows [s * R, s * R + R): it starts the DMAs of all its rows (they run
 concurrently, all signalling one DMA semaphore), then waits for each; R rows of a V4 kv
@@ -37,9 +37,9 @@ def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: j
 
     def copies(idx_ref, srcs, out, sem, i):
         page = jnp.maximum(idx_ref[i], 0)
-        return [pltpu.make_async_copy(src.at[layer, page], out.at[i, pl.ds(seg.row_offset + layer * seg.page_elems,
-                                                                              seg.page_elems)], sem)
-                for seg, src in zip(layout.segments, srcs) for layer in range(seg.num_layers)]
+        return [pltpu.make_async_copy(srcs[seg.source].at[seg.first_layer + layer, page],
+                                      out.at[i, pl.ds(seg.row_offset + layer * seg.page_elems, seg.page_elems)], sem)
+                for seg in layout.segments for layer in range(seg.num_layers)]
 
     def kernel(idx_ref, *refs):
         srcs, out, sem = refs[:len(flat)], refs[-2], refs[-1]  # an aliased `into` sits before `out`: never read
@@ -58,8 +58,8 @@ def scatter(layout: RowLayout, flat: list[jax.Array], staging: jax.Array, indice
     def copies(idx_ref, rows, dsts, sem, i):
         page = idx_ref[i]
         return [pltpu.make_async_copy(rows.at[i, pl.ds(seg.row_offset + layer * seg.page_elems, seg.page_elems)],
-                                      dst.at[layer, page], sem)
-                for seg, dst in zip(layout.segments, dsts) for layer in range(seg.num_layers)]
+                                      dsts[seg.source].at[seg.first_layer + layer, page], sem)
+                for seg in layout.segments for layer in range(seg.num_layers)]
 
     def kernel(idx_ref, rows, *refs):
         dsts, sem = refs[len(flat):-1], refs[-1]  # refs[:len(flat)] are the aliased inputs: never read

@@ -65,24 +65,25 @@ def _gather_kernel(layout: RowLayout, num_sources: int, idx_ref, *refs):
     src_refs, out_ref = refs[:num_sources], refs[-1]
     j, i = pl.program_id(0), pl.program_id(1)
     page = jnp.maximum(idx_ref[i], 0)  # PAD reads page 0
-    for seg, src in zip(layout.segments, src_refs):
+    for seg in layout.segments:
         @pl.when((j >= seg.first_block) & (j < seg.first_block + seg.num_blocks))
-        def _copy(seg=seg, src=src):
+        def _copy(seg=seg, src=src_refs[seg.source]):
             layer, off = seg.locate(j - seg.first_block, jnp.where)
             dst = seg.row_offset + layer * seg.page_elems + off
-            out_ref[i, pl.ds(dst, seg.block_elems)] = src[layer, page, pl.ds(off, seg.block_elems)]
+            out_ref[i, pl.ds(dst, seg.block_elems)] = src[seg.first_layer + layer, page, pl.ds(off, seg.block_elems)]
 
 
 def _scatter_kernel(layout: RowLayout, num_sources: int, idx_ref, staging_ref, *refs):
     out_refs = refs[num_sources:]  # refs[:num_sources] are the aliased inputs: never read
     j, i = pl.program_id(0), pl.program_id(1)
     page = idx_ref[i]
-    for seg, dst in zip(layout.segments, out_refs):
+    for seg in layout.segments:
         @pl.when((page != PAD) & (j >= seg.first_block) & (j < seg.first_block + seg.num_blocks))
-        def _copy(seg=seg, dst=dst):
+        def _copy(seg=seg, dst=out_refs[seg.source]):
             layer, off = seg.locate(j - seg.first_block, jnp.where)
             src = seg.row_offset + layer * seg.page_elems + off
-            dst[layer, page, pl.ds(off, seg.block_elems)] = staging_ref[i, pl.ds(src, seg.block_elems)]
+            block = staging_ref[i, pl.ds(src, seg.block_elems)]
+            dst[seg.first_layer + layer, page, pl.ds(off, seg.block_elems)] = block
 
 
 def _params():
