@@ -159,7 +159,7 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
     idx = rng.permutation(dev_total[a])[:n].astype(np.int32)
     args = tuple(pools[s.name] for s in progs.fmt.pools)
     out = {"pages": n, "bytes": n * progs.fmt.row_bytes}
-    block, bigger = engine.host.block(a, n), engine.host.block(a, 2 * n)
+    (block,), (bigger,) = engine.host.block(a, n), engine.host.block(a, 2 * n)
     whole = jax.jit(lambda h: jax.device_put(h, jax.memory.Space.Device))
     sl = jax.jit(lambda h, o: jax.device_put(jax.lax.dynamic_slice_in_dim(h, o[0], n, 0), jax.memory.Space.Device))
 
@@ -171,13 +171,13 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
     timed("gather_kernel", lambda: jax.block_until_ready(gather(args, idx)))
     if n <= progs.chunk_pages:
         pack = progs.compiled("pack", n)
-        timed("pack_program", lambda: pack(args, idx).block_until_ready())
-        timed("pack_and_device_put", lambda: jax.device_put(pack(args, idx), progs.host_sharding).block_until_ready())
+        timed("pack_program", lambda: jax.block_until_ready(pack(args, idx)))
+        timed("pack_and_device_put", lambda: jax.block_until_ready(jax.device_put(pack(args, idx), progs.host_sharding)))
         load = progs.compiled("load_block", n, 0)
         state = {"p": tuple(x + 0 for x in args)}
 
         def l():
-            state["p"], tok = load(state["p"], block, idx)
+            state["p"], tok = load(state["p"], (block,), idx)
             tok.block_until_ready()
         timed("load_block_program", l)
         del state

@@ -20,6 +20,7 @@ _LAZY: dict[str, str] = {
     "HiCache": "hicache_jax.cache",
     "CacheStats": "hicache_jax.metrics",
     "TransferEngine": "hicache_jax.transfer",
+    "Landing": "hicache_jax.transfer",
 }
 
 

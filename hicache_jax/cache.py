@@ -66,12 +66,12 @@ class HiCache:
                              prefetch_share=config.storage_prefetch_share)
         self.engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, max_staging_bytes=config.max_staging_bytes,
-            host_memory_limit_bytes=config.host_limit_bytes())
+            host_memory_limit_bytes=config.host_limit_bytes(), layer_groups=config.layer_groups)
         self._pools = self.engine.init_device_pools()
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         self.tally = Tally()
         self._flights = Flights(layout, self.core, self.engine, self.tally, clock, config.transfer_timeout_s,
-                                on_acked=self._acked, pools=lambda: self._pools)
+                                on_acked=self._acked, pools=lambda: self._pools, set_pools=self._adopt)
         self._requested_tokens = 0
         self._storage = None
         if storage is not None or config.storage is not None:
@@ -116,10 +116,17 @@ class HiCache:
         """`{pool: jax.Array}` the model reads and writes (donate them, then `set_device_pools`)."""
         return dict(self._pools)
 
-    def set_device_pools(self, pools: Mapping[str, jax.Array]) -> None:
-        """Adopt the pools a jitted step returned; wrong pools raise ValueError, nothing changes."""
+    def set_device_pools(self, pools: Mapping[str, jax.Array], landed=None) -> None:
+        """Adopt the pools a jitted step returned; wrong pools raise ValueError, nothing changes.
+        `landed`: the `Landing` of a deferred load that this step landed (`Landing.lander`)."""
         self.engine.check_device_pools(pools)
+        if landed is not None:
+            self._flights.landed(landed, next(iter(pools.values())))
+        self._adopt(pools)
+
+    def _adopt(self, pools: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         self._pools = dict(pools)
+        return self._pools
 
     # -- read path -------------------------------------------------------------------------
     def match_prefix(self, tokens) -> MatchResult:
@@ -130,21 +137,23 @@ class HiCache:
         self.tally.device_hit_tokens += m.device_len
         return self._checked(m)
 
-    def load_back(self, match: MatchResult) -> LoadBack:
+    def load_back(self, match: MatchResult, deferred: bool = False) -> LoadBack:
         """Bring the host part of `match` to the device, all or nothing.
 
         Refused (the caller recomputes) below the threshold, when the cost model says
         recomputing is faster, when another load owns a node, or without device space.
+        `deferred`: leave the whole host blocks to the model's next step (`LoadBack.landing`).
         """
         if not isinstance(match, MatchResult):
             raise ValueError(f"load_back takes a MatchResult, got {type(match).__name__}")
-        return self._load_back(match, patient=False)
+        return self._load_back(match, patient=False, deferred=validate.flag("deferred", deferred))
 
-    def _load_back(self, match: MatchResult, patient: bool) -> LoadBack:
+    def _load_back(self, match: MatchResult, patient: bool, deferred: bool = False) -> LoadBack:
         """`load_back`; when `patient`, backups in flight that pin the room it needs are
         waited for rather than refused."""
-        host_pages = lambda: self.core.anchor_host_pages(match)  # a large block starts its copy while the tree plans
-        self.engine.prefetch(self.anchor, match.host_len // self.layout.page_size, host_pages)
+        if not deferred:   # a large block starts its copy while the tree plans
+            self.engine.prefetch(self.anchor, match.host_len // self.layout.page_size,
+                                 lambda: self.core.anchor_host_pages(match))
         job = self.core.start_load(match)
         self._flush_demotions()
         if job is Refusal.NO_DEVICE_SPACE and patient and self._land_backups():
@@ -152,22 +161,25 @@ class HiCache:
             self._flush_demotions()
         if not isinstance(job, LoadJob):
             return self._checked(self._refused(match, job))
-        if not self._start(job.transfer, job.plan, host_tokens=job.total_len - match.device_len):
+        if not self._start(job.transfer, job.plan, host_tokens=job.total_len - match.device_len, deferred=deferred):
             self.core.unlock(job.lock)
             return self._checked(self._refused(match, Refusal.FAILED))
         return self._checked(LoadBack(job.load_id, None, job.total_len, job.loaded_tokens, job.device_pages,
-                                      job.window_pages.get(self._swa, _EMPTY), job.node, job.lock))
+                                      job.window_pages.get(self._swa, _EMPTY), job.node, job.lock,
+                                      self._flights.landing(job.transfer)))
 
-    def acquire(self, tokens, load_back: bool = True) -> Prefix:
+    def acquire(self, tokens, load_back: bool = True, deferred: bool = False) -> Prefix:
         """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
 
         Blocks while its own load-back is in flight, and for backups in flight when it
         comes up short of device room or matches host copies they still write; a loop that
         serves other requests meanwhile uses `match_prefix` / `load_back` / `step` itself.
         A failed or refused load leaves the device part of the match, still pinned.
+        `deferred`: do not wait for the load; its whole host blocks go into the model's
+        next step (`Prefix.landing`, see `Landing`).
         """
-        if not isinstance(load_back, (bool, np.bool_)):
-            raise ValueError(f"acquire's load_back must be a bool, got {load_back!r}")
+        validate.flag("acquire's load_back", load_back)
+        deferred = validate.flag("deferred", deferred)
         tokens = as_tokens(tokens)
         m = self.match_prefix(tokens)
         if load_back and m.pending_len and self._land_backups():
@@ -184,14 +196,14 @@ class HiCache:
         lock = self.lock(m.device_node)
         refused = None
         if load_back and m.host_len:
-            lb = self._load_back(m, patient=True)
-            if lb.started and self.wait(lb):
+            lb = self._load_back(m, patient=True, deferred=deferred)
+            if lb.started and (deferred or self.wait(lb)):
                 self.unlock(lock)
                 page = self.layout.page_size
                 from_storage = max(0, min(lb.total_len, fetched[1] * page) - fetched[0] * page)
                 self.tally.storage_hit_tokens += from_storage
-                return Prefix(lb.total_len, lb.device_pages, lb.swa_pages, lb.lock,
-                              m.device_len, lb.total_len - m.device_len, storage_tokens=from_storage)
+                return Prefix(lb.total_len, lb.device_pages, lb.swa_pages, lb.lock, m.device_len,
+                              lb.total_len - m.device_len, storage_tokens=from_storage, landing=lb.landing)
             if lb.started:
                 self.unlock(lb.lock)
             refused = lb.refused or Refusal.FAILED
@@ -361,8 +373,9 @@ class HiCache:
             return 0
         return batch.tokens
 
-    def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0, piece_bytes: int | None = None) -> bool:
-        self._pools, started = self._flights.start(tid, plan, self._pools, host_tokens, piece_bytes)
+    def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0, piece_bytes: int | None = None,
+               deferred: bool = False) -> bool:
+        self._pools, started = self._flights.start(tid, plan, self._pools, host_tokens, piece_bytes, deferred)
         return started
 
     # -- introspection ------------------------------------------------------------------------

@@ -211,6 +211,9 @@ class HiCacheConfig:
     `max(1, load_back_threshold)` tokens (or an SWA window), and, when
     `recompute_seconds_per_token` is set, only if moving its bytes at
     `link_bytes_per_second` is faster than recomputing its tokens.
+    With `layer_groups` = n > 1 the host tier stores each page as n parts, one per group
+    of consecutive model layers, so a deferred load-back can be moved by the model's step
+    group by group, under the compute of the groups before (`Landing`).
 
     Backups: a copy runs in device order with the model's steps, so a large backup batch
     delays the next step by its whole transfer time. With `backup_bytes_per_step` set,
@@ -233,6 +236,7 @@ class HiCacheConfig:
     link_bytes_per_second: float = 25e9
     transfer_timeout_s: float = 30.0             # a transfer not done by then is failed
     max_staging_bytes: int = 512 << 20
+    layer_groups: int = 1                        # host blocks split by layer group, for deferred loads (Landing)
     backup_bytes_per_step: int | None = None     # pace write-through backups: about this much per step()
     host_memory_limit_bytes: int | None = None   # default: XLA's pinned host pool cap (see xla_pinned_limit_bytes)
     check_invariants: bool = False               # recompute every invariant after each call (tests)
@@ -280,6 +284,7 @@ class HiCacheConfig:
             if v is not None:
                 validate.number(f"{_FIELD}{name!r}", v)
         _check_count("max_staging_bytes", self.max_staging_bytes, minimum=1)
+        _check_count("layer_groups", self.layer_groups, minimum=1)
         if self.backup_bytes_per_step is not None:
             _check_count("backup_bytes_per_step", self.backup_bytes_per_step, minimum=1)
         if self.host_memory_limit_bytes is not None:

@@ -45,9 +45,11 @@ class _Flight:
 class Flights:
     def __init__(self, layout: PoolLayout, core: TreeCore, engine: TransferEngine, tally: Tally,
                  clock: Callable[[], float], timeout_s: float, on_acked: Callable[[list[NodeId]], None],
-                 pools: Callable[[], Mapping[str, jax.Array]]):
+                 pools: Callable[[], Mapping[str, jax.Array]],
+                 set_pools: Callable[[Mapping[str, jax.Array]], Mapping[str, jax.Array]]):
         self._layout, self._core, self._engine, self._tally = layout, core, engine, tally
         self._clock, self._timeout_s, self._on_acked, self._pools = clock, timeout_s, on_acked, pools
+        self._set_pools = set_pools
         self._flights: dict[TransferId, _Flight] = {}
         self._failed_loads: set[int] = set()    # started loads that failed, until `take_failure` reports them
 
@@ -58,7 +60,8 @@ class Flights:
         return tid in self._flights
 
     def start(self, tid: TransferId, plan: TransferPlan, pools: Mapping[str, jax.Array],
-              host_tokens: int = 0, piece_bytes: int | None = None) -> tuple[Mapping[str, jax.Array], bool]:
+              host_tokens: int = 0, piece_bytes: int | None = None,
+              deferred: bool = False) -> tuple[Mapping[str, jax.Array], bool]:
         """Dispatch a transfer the tree has committed: (the pools to use from now on, started?).
         If the engine raises, the transfer ends as failed and the pools are unchanged.
         With `piece_bytes` (backups only) it is only registered, cut into pieces of at most
@@ -68,13 +71,38 @@ class Flights:
             self._flights[tid] = _Flight(plan, now, rest=split_plan(plan, self._layout, piece_bytes), last_dispatch=now)
             return pools, True
         try:
-            pools, handle = self._engine.start(plan, pools)
+            pools, handle = self._engine.start(plan, pools, deferred=deferred)
         except Exception:
             log.exception("%s failed to start", tid)
             self._fail(tid, FailureCause.START)
             return pools, False
         self._flights[tid] = _Flight(plan, now, host_tokens, [handle], last_dispatch=now)
         return pools, True
+
+    def landing(self, tid: TransferId):
+        """The `Landing` a deferred load left to a model step, while no step has landed it."""
+        flight = self._flights.get(tid)
+        return None if flight is None else next((h.landing for h in flight.handles
+                                                  if getattr(h, "landing", None) is not None), None)
+
+    def landed(self, landing, token: jax.Array) -> None:
+        """A step's output `token` lands `landing`; ValueError if no load in flight waits for it."""
+        for flight in self._flights.values():
+            for h in flight.handles:
+                if getattr(h, "landing", None) is landing:
+                    h.landed(token)
+                    self._tally.landings["step"] += 1
+                    return
+        raise ValueError("landed= names no deferred load waiting for a step (already landed, failed, or "
+                         "not from this cache)")
+
+    def _land_now(self, flight: _Flight) -> None:
+        """Land what no step took of a deferred load, before waiting for it."""
+        for h in flight.handles:
+            if getattr(h, "landing", None) is not None:
+                pools = self._set_pools(self._engine.land(h.landing, self._pools()))
+                h.landed(next(iter(pools.values())))
+                self._tally.landings["cache"] += 1
 
     def take_failure(self, load_id: int) -> bool:
         """True, once, if the started load `load_id` failed."""
@@ -118,7 +146,8 @@ class Flights:
         piece raised, its other pieces must stop writing into pages the failure path frees."""
         for h in flight.handles:
             try:
-                h.wait()
+                if getattr(h, "landing", None) is None:
+                    h.wait()
             except Exception:
                 pass
 
@@ -132,12 +161,15 @@ class Flights:
                 while flight.rest:
                     if not self._dispatch_piece(tid, flight):
                         return False
+                self._land_now(flight)
                 for h in flight.handles:
                     h.wait()
                 done = True
             else:
                 done = flight.landed()
-            busy = any(not h.done() for h in flight.handles) if not done else False
+            # a deferred load waits for the loop's step as long as it takes: never timed out
+            busy = any(not h.done() and getattr(h, "landing", None) is None for h in flight.handles) \
+                if not done else False
             if busy and self._clock() - flight.last_dispatch > self._timeout_s:
                 cause = FailureCause.TIMEOUT
         except Exception as e:

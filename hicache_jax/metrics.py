@@ -45,6 +45,7 @@ class Tally:
     load_bytes: Counter = dataclasses.field(default_factory=Counter)
     transfers: Counter = dataclasses.field(default_factory=Counter)       # direction -> completed
     failures: Counter = dataclasses.field(default_factory=Counter)        # (direction, cause) -> count
+    landings: Counter = dataclasses.field(default_factory=Counter)        # deferred loads by lander: step | cache
     durations: dict = dataclasses.field(default_factory=dict)             # direction -> [bucket counts..., sum]
 
     def record(self, direction: Direction, plan: TransferPlan, layout, host_tokens: int, seconds: float) -> None:
@@ -91,6 +92,7 @@ class CacheStats:
     storage: StorageStats | None = None               # the storage tier's counters (None: no storage)
     host_held_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)       # pool -> its blocks' bytes
     host_compacted_pages: Mapping[str, int] = dataclasses.field(default_factory=dict)  # allocator -> pages moved
+    deferred_loads: Mapping[str, int] = dataclasses.field(default_factory=dict)  # landed by: step | cache
 
 
 class StatsCollector:
@@ -127,6 +129,8 @@ class StatsCollector:
              "pool", s.host_held_bytes, ()),
             (C, "hicache_host_compacted_pages", "Host pages moved to new blocks to drop dead rows, per allocator",
              "allocator", s.host_compacted_pages, ()),
+            (C, "hicache_deferred_loads", "Deferred load-backs landed, by a model step or by the cache",
+             "landed_by", s.deferred_loads, ("step", "cache")),
             (G, "hicache_device_used_bytes", "Device bytes in use (cached, held, in flight), per pool", "pool",
              s.device_used_bytes, ()),
             (G, "hicache_device_capacity_bytes", "Device bytes of the pool", "pool", s.device_capacity_bytes, ()),
@@ -201,4 +205,5 @@ def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mappi
         host_held_bytes={p.name: host_blocks[p.allocator][0] * p.num_layers * p.page_bytes
                          for p in layout.byte_pools if host_blocks and p.allocator in host_blocks},
         host_compacted_pages={a: moved for a, (_, moved) in (host_blocks or {}).items()},
+        deferred_loads=dict(tally.landings),
     )

@@ -19,6 +19,8 @@ class LoadBack:
     what they say. If the load fails, unlock it and use the match's device prefix.
     Refused: nothing was taken and `lock` is None; the match's device prefix is what
     there is (`device_pages`, `swa_pages`, `node` are the match's).
+    A deferred load (`load_back(match, deferred=True)`) leaves its whole host blocks to
+    the model's next step: `landing` (None when nothing was left), see `Landing`.
     """
 
     load_id: int | None
@@ -29,6 +31,7 @@ class LoadBack:
     swa_pages: np.ndarray
     node: NodeId
     lock: LockId | None = None
+    landing: object | None = None    # hicache_jax.Landing (imports jax: not named here)
 
     @property
     def started(self) -> bool:
@@ -43,6 +46,8 @@ class Prefix:
     window's SWA pages are `swa_pages`; `device_tokens` of them were already on device,
     `host_tokens` were loaded back, and of those `storage_tokens` had just been fetched
     from the storage tier. `refused` says why a host hit was not loaded, if so.
+    With `acquire(..., deferred=True)` the load is still in flight: `landing` (a
+    `Landing`, or None when nothing is left to a step) goes into the model's next step.
     """
 
     length: int
@@ -53,6 +58,7 @@ class Prefix:
     host_tokens: int
     refused: Refusal | None = None
     storage_tokens: int = 0
+    landing: object | None = None    # hicache_jax.Landing
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,6 +20,13 @@ def count(name: str, value, minimum: int = 0) -> int:
     return int(value)
 
 
+def flag(name: str, value) -> bool:
+    """`value` as a bool: Python and numpy bools only."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    return bool(value)
+
+
 def number(name: str, value, *, positive: bool = True) -> float:
     """`value` as a finite float (> 0 when `positive`); ints and numpy numbers accepted, bools not."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):

@@ -14,6 +14,14 @@ sharded `P(None, "tp")` gives each rank exactly its own shard's pages.
 Each rank's row ends with zero padding up to a multiple of `ROW_ALIGN_BYTES`, so every
 host page starts at an aligned address: the DMAs of a run then run at the link's speed
 (64-byte aligned host addresses cost a tenth of it on the H200; see BENCHMARKS.md).
+
+With layer groups (`layout/groups.py`) the host tier stores a row as *parts*, one per
+group that holds any layer of these pools: part g packs, per rank, the group's layers of
+each pool, padded the same way. The row above stays the format rows are read and written
+in (L3 storage, snapshots); `to_parts` / `from_parts` convert. One group: one part, the row.
+
+    row:     | A: l0 l1 l2 l3 | B: l0 l1 l2 l3 | pad |
+    parts:   | A: l0 l1 | B: l0 l1 | pad |    | A: l2 l3 | B: l2 l3 | pad |
 """
 from __future__ import annotations
 
@@ -26,9 +34,21 @@ import numpy as np
 
 import pallas_kernels as pk
 from hicache_jax.layout import PoolLayout, PoolSpec
+from hicache_jax.layout import groups as layer_groups
 from hicache_jax.pools.placement import Devices
 
 ROW_ALIGN_BYTES = 512
+
+
+@dataclasses.dataclass(frozen=True)
+class RowPart:
+    """The layers of one layer group in a stored row: `segments` are the kernels' row
+    segments `(pool index, first slot, slots)`, in pool order."""
+
+    group: int
+    segments: tuple[tuple[int, int, int], ...]
+    rank_data_elems: int
+    rank_row_elems: int       # with the padding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,9 +60,10 @@ class HostRowFormat:
     dtype: str
     ranks: int                                  # ranks that each hold a slice of the row
     rank_page_shapes: tuple[tuple[int, ...], ...]  # per pool: one rank's page shape
+    parts: tuple[RowPart, ...] = ()              # how the host tier stores a row (module docstring)
 
     @classmethod
-    def create(cls, layout: PoolLayout, allocator: str, devices: Devices) -> "HostRowFormat":
+    def create(cls, layout: PoolLayout, allocator: str, devices: Devices, groups: int = 1) -> "HostRowFormat":
         pools = layout.moving_with(allocator)
         if not pools:
             raise RuntimeError(f"bug: allocator {allocator!r} carries no byte-holding pool")
@@ -55,7 +76,17 @@ class HostRowFormat:
         sharded = placements.pop()
         ranks = devices.tp if sharded else 1
         shapes = tuple(p.shard_page_shape(ranks) for p in pools)
-        return cls(allocator, pools, dtypes.pop(), ranks, shapes)
+        dtype = dtypes.pop()
+        bounds = layer_groups.bounds(layout, groups)
+        parts = []
+        for g in range(groups):
+            segments = tuple((i, *layer_groups.slots(p, bounds[g], bounds[g + 1])) for i, p in enumerate(pools))
+            segments = tuple(s for s in segments if s[2])
+            if segments:
+                data = sum(n * math.prod(shapes[i]) for i, _, n in segments)
+                parts.append(RowPart(g, segments, data,
+                                     pk.padded_elems(data, jnp.dtype(dtype).itemsize, ROW_ALIGN_BYTES)))
+        return cls(allocator, pools, dtype, ranks, shapes, tuple(parts))
 
     @property
     def sharded(self) -> bool:
@@ -86,6 +117,60 @@ class HostRowFormat:
     @property
     def rank_row_bytes(self) -> int:
         return self.rank_row_elems * self.itemsize
+
+    def part_elems(self, part: int) -> int:
+        """Elements of one stored part of a row (all ranks)."""
+        return self.ranks * self.parts[part].rank_row_elems
+
+    @property
+    def stored_row_bytes(self) -> int:
+        """Bytes the host tier stores per page: its parts, each padded."""
+        return sum(self.part_elems(i) for i in range(len(self.parts))) * self.itemsize
+
+    @property
+    def whole(self) -> bool:
+        """One part, exactly the row."""
+        return len(self.parts) == 1 and self.parts[0].rank_row_elems == self.rank_row_elems
+
+    def kernel_layers(self, part: int) -> tuple[tuple[int, int, int], ...] | None:
+        """The kernels' `layers` argument for `part` (None: every pool whole)."""
+        return None if self.whole else self.parts[part].segments
+
+    def to_parts(self, rows: np.ndarray) -> list[np.ndarray]:
+        """Rows `[n, row_elems]` as the stored parts `[n, part_elems(i)]` (padding zero)."""
+        if self.whole:
+            return [rows]
+        out = []
+        for i in range(len(self.parts)):
+            part = np.zeros((rows.shape[0], self.part_elems(i)), rows.dtype)
+            src, dst = self._columns(i)
+            part[:, dst] = rows[:, src]
+            out.append(part)
+        return out
+
+    def from_parts(self, parts: list[np.ndarray]) -> np.ndarray:
+        """The inverse of `to_parts`."""
+        if self.whole:
+            return parts[0]
+        rows = np.zeros((parts[0].shape[0], self.row_elems), parts[0].dtype)
+        for i, part in enumerate(parts):
+            src, dst = self._columns(i)
+            rows[:, src] = part[:, dst]
+        return rows
+
+    def _columns(self, part: int) -> tuple[np.ndarray, np.ndarray]:
+        """(columns in the row, columns in the part) of the part's data, all ranks."""
+        elems = [math.prod(s) for s in self.rank_page_shapes]
+        starts = np.cumsum([0] + [p.num_layers * e for p, e in zip(self.pools, elems)])
+        src, dst, at = [], [], 0
+        for rank in range(self.ranks):
+            at = rank * self.parts[part].rank_row_elems
+            for i, first, n in self.parts[part].segments:
+                lo = rank * self.rank_row_elems + starts[i] + first * elems[i]
+                src.append(np.arange(lo, lo + n * elems[i]))
+                dst.append(np.arange(at, at + n * elems[i]))
+                at += n * elems[i]
+        return np.concatenate(src), np.concatenate(dst)
 
     def source_dims(self) -> list[tuple[int, int]]:
         """(num_layers, page elements of one rank) per pool: the kernels' source dims."""

@@ -1,9 +1,10 @@
 """The host tier: pinned-host *blocks* of packed rows, and a page table per allocator.
 
 Every write to the host tier (a backup's host run, rows restored from L3 or a snapshot)
-becomes its own pinned array, a *block* `[2**k, row_elems]` of consecutive host pages,
-made by `jax.device_put` of rows packed on the device. Host page `p` of an allocator
-lives at row `p - start` of the block that wrote it last:
+becomes its own pinned *block* of `2**k` consecutive host pages, made by `jax.device_put`
+of rows packed on the device: a tuple of arrays `[2**k, part_elems]`, one per stored part
+of the row (`HostRowFormat.parts`: one, unless the layers are grouped). Host page `p` of
+an allocator lives at row `p - start` of the block that wrote it last:
 
     host pages   0 ........ 63 64 .. 67 68 .............. 99
     blocks       [ block 3, 64 rows ][ 7 ][ block 9, 32 rows ]     (-1: never written: zeros)
@@ -46,7 +47,7 @@ class BlockTable:
     def __init__(self, capacity: int):
         self.capacity = capacity
         self.block_of = np.full(capacity, NO_BLOCK, np.int64)  # block id of each page
-        self.arrays: dict[int, jax.Array] = {}
+        self.arrays: dict[int, tuple[jax.Array, ...]] = {}   # one array per stored part
         self.start: dict[int, int] = {}  # first host page of each block
         self.live: dict[int, int] = {}   # pages that still live in each block
         self.rows = 0                    # rows of every block held
@@ -64,9 +65,9 @@ class BlockTable:
                 self._drop(block)
         self.block_of[pages] = NO_BLOCK
 
-    def add(self, start: int, array: jax.Array) -> None:
+    def add(self, start: int, array: tuple[jax.Array, ...]) -> None:
         """Register `array` (rows of host pages `start ..`) as their home; they must be released."""
-        n = int(array.shape[0])
+        n = block_rows(array)
         if (self.block_of[start:start + n] != NO_BLOCK).any():
             raise RuntimeError(f"bug: host pages {start}..{start + n - 1} written while they live in a block")
         block, self._next = self._next, self._next + 1
@@ -86,21 +87,22 @@ class BlockTable:
             out.append((block, row, hi - lo))
         return out
 
-    def whole(self, start: int, n: int) -> jax.Array | None:
+    def whole(self, start: int, n: int) -> tuple[jax.Array, ...] | None:
         """The block that is exactly host pages `start .. start+n-1`, if there is one."""
         block = int(self.block_of[start])
-        if block == NO_BLOCK or self.start[block] != start or self.arrays[block].shape[0] != n:
+        if block == NO_BLOCK or self.start[block] != start or block_rows(self.arrays[block]) != n:
             return None
         return self.arrays[block] if self.live[block] == n else None
 
     def sparsest(self) -> list[int]:
         """Blocks holding dead rows, the most dead first."""
-        dead = [(self.arrays[b].shape[0] - live, b) for b, live in self.live.items() if live < self.arrays[b].shape[0]]
+        dead = [(block_rows(self.arrays[b]) - live, b) for b, live in self.live.items()
+                if live < block_rows(self.arrays[b])]
         return [b for _, b in sorted(dead, reverse=True)]
 
     def live_pages(self, block: int) -> list[tuple[int, int]]:
         """`(first host page, length)` of the runs of pages that still live in `block`."""
-        start, n = self.start[block], int(self.arrays[block].shape[0])
+        start, n = self.start[block], block_rows(self.arrays[block])
         mine = np.flatnonzero(self.block_of[start:start + n] == block)
         runs = np.split(mine, np.flatnonzero(np.diff(mine) != 1) + 1) if mine.size else []
         return [(start + int(r[0]), len(r)) for r in runs]
@@ -109,13 +111,14 @@ class BlockTable:
         """Every page lives in at most one block, inside it; live counts and rows add up."""
         ids, counts = np.unique(self.block_of[self.block_of != NO_BLOCK], return_counts=True)
         assert dict(zip(ids.tolist(), counts.tolist())) == self.live, "live counts"
-        assert self.rows == sum(int(a.shape[0]) for a in self.arrays.values()), "rows held"
+        assert self.rows == sum(block_rows(a) for a in self.arrays.values()), "rows held"
         for block, array in self.arrays.items():
-            inside = self.block_of[self.start[block]:self.start[block] + int(array.shape[0])]
+            assert len({int(a.shape[0]) for a in array}) == 1, f"block {block}: parts of different lengths"
+            inside = self.block_of[self.start[block]:self.start[block] + block_rows(array)]
             assert (inside == block).sum() == self.live[block] > 0, f"block {block} outside its pages"
 
     def _drop(self, block: int) -> None:
-        self.rows -= int(self.arrays.pop(block).shape[0])
+        self.rows -= block_rows(self.arrays.pop(block))
         del self.start[block], self.live[block]
 
 
@@ -127,14 +130,15 @@ class HostTier:
     construction, before allocating, when the pages would exceed `memory_limit_bytes`.
     """
 
-    def __init__(self, layout: PoolLayout, host_pages: Mapping[str, int], devices: Devices, memory_limit_bytes: int):
+    def __init__(self, layout: PoolLayout, host_pages: Mapping[str, int], devices: Devices, memory_limit_bytes: int,
+                 layer_groups: int = 1):
         self.devices = devices
         self.pages = checked_page_counts(layout, host_pages, "host_pages")
-        self.formats = {a: HostRowFormat.create(layout, a, devices) for a in self.pages}
-        sizes = {a: self.pages[a] * f.row_bytes for a, f in self.formats.items()}
+        self.formats = {a: HostRowFormat.create(layout, a, devices, layer_groups) for a in self.pages}
+        sizes = {a: self.pages[a] * f.stored_row_bytes for a, f in self.formats.items()}
         total = sum(sizes.values())
         if total > memory_limit_bytes:
-            detail = ", ".join(f"{a}: {self.pages[a]} pages x {self.formats[a].row_bytes:,} B = {b / 2**30:.2f} GiB"
+            detail = ", ".join(f"{a}: {self.pages[a]} pages x {self.formats[a].stored_row_bytes:,} B = {b / 2**30:.2f} GiB"
                                for a, b in sizes.items())
             raise ValueError(
                 f"host pools need {total / 2**30:.2f} GiB of pinned memory ({detail}), more than "
@@ -153,7 +157,7 @@ class HostTier:
         compaction has moved)."""
         return {a: (t.rows, t.compacted) for a, t in self.tables.items()}
 
-    def zeros(self, allocator: str, rows: int) -> jax.Array:
+    def zeros(self, allocator: str, rows: int) -> tuple[jax.Array, ...]:
         """A pinned block of `rows` zero rows: what pages never written read as."""
         key = (allocator, rows)
         if key not in self._zeros:
@@ -165,13 +169,16 @@ class HostTier:
         instead of pinning fresh pages (about 0.5 s per GiB on the H200 machine)."""
         built = [self.block(a, self.pages[a]) for a in self.formats if self.pages[a]]
         jax.block_until_ready(built)
-        for array in built:
+        for array in jax.tree.leaves(built):
             array.delete()
 
-    def block(self, allocator: str, rows: int) -> jax.Array:
-        """A new pinned block of `rows` zero rows of `allocator`, not registered anywhere."""
+    def block(self, allocator: str, rows: int) -> tuple[jax.Array, ...]:
+        """A new pinned block of `rows` zero rows of `allocator` (every part), not registered anywhere."""
         fmt = self.formats[allocator]
-        shape = (rows, fmt.row_elems)
+        return tuple(self._zero_rows(allocator, (rows, fmt.part_elems(i))) for i in range(len(fmt.parts)))
+
+    def _zero_rows(self, allocator: str, shape: tuple[int, int]) -> jax.Array:
+        fmt = self.formats[allocator]
         # Built from numpy shard by shard: no device memory is used, and np.zeros pages
         # are only touched as they are copied into pinned memory. (make_array_from_callback
         # would lose the host memory space from the array's type.)
@@ -182,6 +189,11 @@ class HostTier:
         if isinstance(sharding, SingleDeviceSharding):
             return shards[0]
         return jax.make_array_from_single_device_arrays(shape, sharding, shards)
+
+
+def block_rows(block: tuple[jax.Array, ...]) -> int:
+    """Rows (host pages) of a block."""
+    return int(block[0].shape[0])
 
 
 def _shard_shape(shape: tuple[int, ...], index: tuple[slice, ...]) -> tuple[int, ...]:

@@ -16,7 +16,7 @@ import jax
 import numpy as np
 
 from hicache_jax.pools import HostTier
-from hicache_jax.pools.host_tier import NO_BLOCK
+from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
@@ -112,7 +112,7 @@ class HostBlocks:
         if kind != "pieces":
             return [(Program.LOAD_BLOCK, part.padded_pages, int(kind == "rows"))]
         take = [(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []
-        return [*((Program.H2D, int(array.shape[0]), k) for array, _, k, _ in payload), *take,
+        return [*((Program.H2D, block_rows(array), k) for array, _, k, _ in payload), *take,
                 (Program.UNPACK, part.padded_pages)]
 
     # -- rows outside the plans (L3 storage, snapshots, tests) --------------------------------
@@ -125,7 +125,7 @@ class HostBlocks:
                 if block != NO_BLOCK:
                     for piece, k in binary(n):
                         rows = _read(progs, table.arrays[block], row + piece, k)
-                        out[at + piece:at + piece + (1 << k)] = np.asarray(rows)
+                        out[at + piece:at + piece + (1 << k)] = progs.fmt.from_parts([np.asarray(r) for r in rows])
                 at += n
         return out
 
@@ -133,8 +133,9 @@ class HostBlocks:
         table = self.host.tables[progs.fmt.allocator]
         table.release(pages)
         self.make_room(progs, pages.size)
+        parts = progs.fmt.to_parts(rows)
         for offset, start, log2 in pieces_of(pages, progs.chunk_pages):
-            table.add(start, jax.device_put(rows[offset:offset + (1 << log2)], progs.host_sharding))
+            table.add(start, jax.device_put(tuple(p[offset:offset + (1 << log2)] for p in parts), progs.host_sharding))
 
     def make_room(self, progs: AllocatorPrograms, pages: int) -> None:
         """Compact the sparsest blocks of `progs`' allocator until `pages` more rows fit in
@@ -156,9 +157,9 @@ class HostBlocks:
                 table.compacted += n
 
 
-def _read(progs: AllocatorPrograms, block: jax.Array, row: int, log2_rows: int) -> jax.Array:
-    """`2**log2_rows` rows of `block` from `row`, on the device."""
-    return progs.compiled(Program.READ, int(block.shape[0]), log2_rows)(block, np.array([row], np.int32))
+def _read(progs: AllocatorPrograms, block: tuple[jax.Array, ...], row: int, log2_rows: int) -> tuple[jax.Array, ...]:
+    """`2**log2_rows` rows of `block` (every part) from `row`, on the device."""
+    return progs.compiled(Program.READ, block_rows(block), log2_rows)(block, np.array([row], np.int32))
 
 
 def pieces_of(pages: np.ndarray, max_pages: int) -> list[tuple[int, int, int]]:

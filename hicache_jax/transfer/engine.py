@@ -28,11 +28,14 @@ import numpy as np
 
 import pallas_kernels as pk
 from hicache_jax.layout import PoolLayout
+from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
+from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.blocks import EARLY_COPY_BYTES, HostBlocks
 from hicache_jax.transfer.handle import TransferHandle
+from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program
 
@@ -67,8 +70,9 @@ class TransferEngine:
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
                  host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
-                 block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES):
+                 block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES, layer_groups: int = 1):
         self.layout = layout
+        self.layer_groups = groups.check_groups(layout, layer_groups)
         self.devices = Devices.create(mesh)
         self._device = DevicePools(layout, device_pages, self.devices)
         host_counts = checked_page_counts(layout, host_pages, "host_pages")
@@ -82,7 +86,7 @@ class TransferEngine:
                                  f"{a!r} ({row_bytes:,} B per device)")
             # no batch is larger than either tier, and a host copy never exceeds the host pool
             chunk_pages[a] = min(pages, MAX_CHUNK_PAGES, _floor_pow2(min(self._device.pages[a], host_counts[a])))
-        self.host = HostTier(layout, host_counts, self.devices, host_memory_limit_bytes)
+        self.host = HostTier(layout, host_counts, self.devices, host_memory_limit_bytes, layer_groups)
         self._programs = {
             a: AllocatorPrograms(fmt, [self._device.shape(s) for s in fmt.pools], self.devices,
                                  functools.partial(self.host.block, a), self.host.sharding(a), chunk_pages[a],
@@ -94,7 +98,9 @@ class TransferEngine:
         # one program per plan in the shapes of a prefix: any anchor chunk, the other
         # allocators up to the trailing window (`_whole_plan`, `_warm_plans`)
         self._plan_window = chunking.next_pow2(max(1, layout.window_pages()))
-        self._staging: dict[str, jax.Array] = {}
+        self._staging: dict[str, tuple[jax.Array, ...]] = {}
+        self._needed = groups.needed_groups(layout, self.layer_groups)   # per model layer (landings)
+        self._land_all = jax.jit(lambda pools, landing: landing.lander().finish(pools), donate_argnums=0)
 
     # -- device pools ----------------------------------------------------------------------
     def init_device_pools(self) -> dict[str, jax.Array]:
@@ -106,7 +112,8 @@ class TransferEngine:
         self._device.check(pools)
 
     # -- transfers -------------------------------------------------------------------------
-    def start(self, plan: TransferPlan, pools: Mapping[str, jax.Array]) -> tuple[Mapping[str, jax.Array], TransferHandle]:
+    def start(self, plan: TransferPlan, pools: Mapping[str, jax.Array], *,
+              deferred: bool = False) -> tuple[Mapping[str, jax.Array], TransferHandle]:
         """Dispatch `plan` and return `(pools, handle)` without waiting for the copies.
 
         BACKUP reads `pools` and returns the same mapping (the caller may go on using and
@@ -116,12 +123,20 @@ class TransferEngine:
         A plan that does not fit raises ValueError before anything moves; so does a pool
         mapping that `check_device_pools` rejects. Errors after dispatch are raised by
         `handle.done()` / `handle.wait()`.
+
+        `deferred` (loads only): the chunks that are one whole host block are not moved;
+        `handle.landing` hands them to the model's step (`transfer/landing.py`), and the
+        handle is not done until `handle.landed(token)`. Other chunks move now.
         """
         started = time.perf_counter()
-        early = self._blocks.early_copies(plan)
+        if not isinstance(deferred, bool):
+            raise ValueError(f"deferred must be a bool, got {deferred!r}")
+        early = {} if deferred else self._blocks.early_copies(plan)
         check_plan(plan, self.layout, self._device.pages, self.host.pages)
         self._device.check(pools)
         backup = plan.direction is Direction.BACKUP
+        if deferred and backup:
+            raise ValueError("only a load can be deferred; this plan is a backup")
         work = []
         for batch in plan.batches:
             progs = self._programs.get(batch.allocator)
@@ -132,7 +147,10 @@ class TransferEngine:
         # compile before anything moves: a compile error leaves both tiers as they were
         moves = None if backup else [[self._blocks.load_move(progs, part, early) for part in parts]
                                      for progs, parts in work]
-        whole = self._whole_plan(work, moves)
+        landing = None
+        if deferred:
+            work, moves, landing = self._defer(work, moves)
+        whole = None if deferred else self._whole_plan(work, moves)
         if whole is not None:
             self._plan_programs.compiled(backup, whole)
         elif backup:
@@ -163,7 +181,30 @@ class TransferEngine:
                     tokens += self._load(progs, parts, chunk_moves, out)
         except Exception as e:  # dispatch failed mid-way: the handle reports it
             error = e
-        return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error)
+        return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error, landing)
+
+    def land(self, landing: Landing, pools: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """`pools` (donated) with every group of a deferred load's `landing` written, by one
+        program: what a step that lands it writes, for a landing no step took."""
+        self._device.check(pools)
+        if not isinstance(landing, Landing):
+            raise ValueError(f"land takes a Landing, got {type(landing).__name__}")
+        return self._land_all(dict(pools), landing)
+
+    def _defer(self, work, moves):
+        """Split a load's chunks: those that are one whole host block go to a `Landing`,
+        the others stay to be moved now. Returns (work, moves, landing or None)."""
+        chunks, kept_work, kept_moves = [], [], []
+        for (progs, parts), chunk_moves in zip(work, moves):
+            names = [s.name for s in progs.fmt.pools]
+            rest = [(part, move) for part, move in zip(parts, chunk_moves) if move[0] != "block"]
+            chunks += [(progs, names, move[1], jax.device_put(part.device_pages, progs.home))
+                       for part, move in zip(parts, chunk_moves) if move[0] == "block"]
+            if rest:
+                kept_work.append((progs, [part for part, _ in rest]))
+                kept_moves.append([move for _, move in rest])
+        landing = Landing.create(chunks, self._needed, self.layer_groups) if chunks else None
+        return kept_work, kept_moves, landing
 
     def warmup(self, max_pages: int | None = None) -> int:
         """Compile ahead of use every program a chunk of up to `max_pages` pages (default:
@@ -317,7 +358,7 @@ class TransferEngine:
         for host_start, piece in pieces:  # `start` released these pages
             blocks.append(jax.device_put(piece, progs.host_sharding))
             table.add(host_start, blocks[-1])
-        return blocks
+        return jax.tree.leaves(blocks)
 
     def _load(self, progs: AllocatorPrograms, parts, chunk_moves, out: dict[str, jax.Array]) -> list[jax.Array]:
         names = [s.name for s in progs.fmt.pools]
@@ -330,7 +371,7 @@ class TransferEngine:
             else:
                 a = progs.fmt.allocator
                 for array, row, k, dst in payload:
-                    h2d = progs.compiled(Program.H2D, int(array.shape[0]), k)
+                    h2d = progs.compiled(Program.H2D, block_rows(array), k)
                     self._staging[a] = h2d(self._staging_buffer(progs), array, np.array([row], np.int32),
                                            np.array([dst], np.int32))
                 rows = self._staging[a]
@@ -345,8 +386,9 @@ class TransferEngine:
     def _staging_buffer(self, progs: AllocatorPrograms) -> jax.Array:
         a = progs.fmt.allocator
         if a not in self._staging:
-            shape = (progs.chunk_pages, progs.fmt.row_elems)
-            self._staging[a] = jax.jit(lambda: jnp.zeros(shape, progs.dtype), out_shardings=progs.staging_sharding)()
+            shapes = [(progs.chunk_pages, progs.fmt.part_elems(p)) for p in range(progs.num_parts)]
+            self._staging[a] = jax.jit(lambda: tuple(jnp.zeros(s, progs.dtype) for s in shapes),
+                                       out_shardings=(progs.staging_sharding,) * len(shapes))()
         return self._staging[a]
 
     def _allocator(self, allocator: str) -> AllocatorPrograms:

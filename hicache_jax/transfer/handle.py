@@ -31,18 +31,30 @@ class TransferHandle:
     `tokens` are small outputs of the last programs (outputs of one program become ready
     together, when it ends). `done()` polls without blocking, `wait()` blocks; both raise
     the transfer's error, if it failed, every time they are called.
+
+    A deferred load's `landing` (`transfer/landing.py`) is moved by a model step: until
+    `landed(token)` names an output of that step, the transfer is not done, and `wait()`
+    refuses (its owner lands it first: `TransferEngine.land`).
     """
 
     def __init__(self, plan: TransferPlan, nbytes: int, started: float, tokens: Sequence[jax.Array] = (),
-                 error: BaseException | None = None):
+                 error: BaseException | None = None, landing=None):
         self.plan = plan
         self.nbytes = nbytes      # bytes moved, all pools and ranks
         self._started = started   # time.perf_counter() at start
         self._tokens = list(tokens)
         self._error = error
+        self.landing = landing    # a deferred load's part no step has landed yet
         self._seconds: float | None = None
-        if not self._tokens and error is None:
+        if not self._tokens and error is None and landing is None:
             self._seconds = time.perf_counter() - started
+
+    def landed(self, token: jax.Array) -> None:
+        """The step that produced `token` lands this load's `landing`."""
+        if self.landing is None:
+            raise RuntimeError("bug: this transfer has no landing left")
+        self.landing = None
+        self._tokens.append(token)
 
     @property
     def seconds(self) -> float | None:
@@ -54,7 +66,7 @@ class TransferHandle:
         self._raise()
         if self._seconds is not None:
             return True
-        if not all(t.is_ready() for t in self._tokens):
+        if self.landing is not None or not all(t.is_ready() for t in self._tokens):
             return False
         self._finish()
         return True
@@ -62,6 +74,8 @@ class TransferHandle:
     def wait(self) -> None:
         """Block until the transfer has finished. Raises the transfer's error."""
         self._raise()
+        if self.landing is not None:
+            raise RuntimeError("bug: waiting for a deferred load that no step has landed")
         if self._seconds is None:
             self._finish()
 

@@ -5,14 +5,17 @@ moved by itself is a DMA on the copy engines. Programs never write host memory: 
 packs rows on the device and the engine hands them to `jax.device_put` (outside any jit,
 so the copy runs beside the model's next step instead of in its stream):
 
-    backup:  pack(S)            pools (read), idx i32[S] -> rows [S, row_elems] (device)
+Rows travel as a tuple of the row's stored parts (`HostRowFormat.parts`: one per layer
+group; one part, the whole row, by default), and so do blocks and the staging buffer:
+
+    backup:  pack(S)            pools (read), idx i32[S] -> rows [S, part_elems] per part (device)
              slice(S, k)        rows, start i32[1] -> rows[start : start + 2**k]
-    load:    load_block(S, 0)   pools (donated), block [S, row_elems], idx i32[S] -> pools, token
+    load:    load_block(S, 0)   pools (donated), block [S, part_elems] per part, idx i32[S] -> pools, token
              load_block(S, 1)   the same from the block's device copy (an early `device_put`)
-             h2d(R, k)          staging (donated), block [R, row_elems], src i32[1], dst i32[1] -> staging
+             h2d(R, k)          staging (donated), block [R, ...], src i32[1], dst i32[1] -> staging
              unpack(S)          pools (donated), staging, idx i32[S] -> pools, token
              take(S)            staging -> its first S rows (to broadcast them)
-    read:    read(R, k)         block [R, row_elems], start i32[1] -> 2**k rows on the device
+    read:    read(R, k)         block [R, ...], start i32[1] -> 2**k rows on the device
 
 `load_block` moves a chunk that is exactly one block (the common case: a prefix backed up
 as one run and loaded back whole); when that block is large the engine starts its copy by
@@ -75,6 +78,7 @@ class AllocatorPrograms:
         self.sharded = fmt.sharded
         self.dtype = jnp.dtype(fmt.dtype)
         self.staging_sharding = devices.row_sharding(self.sharded)
+        self.num_parts = len(fmt.parts)
         self.host_sharding = host_sharding
         # Programs touching host rows run where the rows live: the mesh for sharded rows,
         # else one device; pools are read there too (the first device's shard when replicated).
@@ -106,20 +110,30 @@ class AllocatorPrograms:
         return program
 
     # -- pack / unpack, placed ---------------------------------------------------------------
-    def _gather_rows(self, pools, idx, into=None):
+    def _gather_rows(self, pools, idx):
+        """The packed rows of pages `idx`, one array per stored part."""
+        parts = range(self.num_parts)
+        gather = lambda srcs, i: tuple(self._gather(srcs, i, layers=self.fmt.kernel_layers(p)) for p in parts)
         if not self.sharded:
-            return self._gather(pools, idx, into=into)
-        extra = () if into is None else (into,)
-        specs = (*self.pool_specs, P()) + ((P(None, TP_AXIS),) if into is not None else ())
-        body = lambda *a: self._gather(a[:len(pools)], a[len(pools)], into=a[-1] if into is not None else None)
-        return jax.shard_map(body, mesh=self.devices.mesh, in_specs=specs, out_specs=P(None, TP_AXIS),
-                             check_vma=False)(*pools, idx, *extra)
+            return gather(pools, idx)
+        body = lambda *a: gather(a[:-1], a[-1])
+        return jax.shard_map(body, mesh=self.devices.mesh, in_specs=(*self.pool_specs, P()),
+                             out_specs=tuple(P(None, TP_AXIS) for _ in parts), check_vma=False)(*pools, idx)
 
     def _scatter_rows(self, pools, rows, idx):
+        """`pools` with every part of `rows` written to pages `idx`."""
+        for part, part_rows in enumerate(rows):
+            pools = self.scatter_part(pools, part_rows, idx, part)
+        return pools
+
+    def scatter_part(self, pools, rows, idx, part: int):
+        """`pools` (this allocator's, in format order) with stored part `part` of `rows`
+        written to pages `idx`: the layers of one group. Traceable inside any jit."""
+        scatter = lambda srcs, r, i: tuple(self._scatter(srcs, r, i, layers=self.fmt.kernel_layers(part)))
         if not self.on_mesh:
-            return tuple(self._scatter(pools, rows, idx))
+            return scatter(pools, rows, idx)
         rows_spec = P(None, TP_AXIS) if self.sharded else P()
-        body = lambda *a: tuple(self._scatter(a[:-2], a[-2], a[-1]))
+        body = lambda *a: scatter(a[:-2], a[-2], a[-1])
         return tuple(jax.shard_map(body, mesh=self.devices.mesh, in_specs=(*self.pool_specs, rows_spec, P()),
                                    out_specs=tuple(self.pool_specs), check_vma=False)(*pools, rows, idx))
 
@@ -128,7 +142,8 @@ class AllocatorPrograms:
         return jax.ShapeDtypeStruct(shape, dtype or self.dtype, sharding=sharding)
 
     def _staging_spec(self, rows=None, sharding=None):
-        return self._spec((rows or self.chunk_pages, self.fmt.row_elems), sharding or self.staging_sharding)
+        return tuple(self._spec((rows or self.chunk_pages, self.fmt.part_elems(p)), sharding or self.staging_sharding)
+                     for p in range(self.num_parts))
 
     def _index(self, n, sharding=None):
         return self._spec((n,), sharding or self.home, jnp.int32)
@@ -139,19 +154,23 @@ class AllocatorPrograms:
     def _pack(self, pages: int):
         def pack(pools, idx):
             return self._gather_rows(pools, idx)
-        return pack, (self._pools(self.read_shardings), self._index(pages)), (), self.staging_sharding
+        return pack, (self._pools(self.read_shardings), self._index(pages)), (), self._staged()
+
+    def _staged(self):
+        """Out shardings of rows on the device (one per part)."""
+        return (self.staging_sharding,) * self.num_parts
 
     def _slice(self, pages: int, log2_rows: int):
         def piece(rows, start):
-            return jax.lax.dynamic_slice_in_dim(rows, start[0], 1 << log2_rows, 0)
-        return piece, (self._staging_spec(pages), self._index(1)), (), self.staging_sharding
+            return tuple(jax.lax.dynamic_slice_in_dim(r, start[0], 1 << log2_rows, 0) for r in rows)
+        return piece, (self._staging_spec(pages), self._index(1)), (), self._staged()
 
     def _load_block(self, pages: int, on_device: int):
         if self.broadcast_load:
             raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
 
         def load_block(pools, block, idx):
-            rows = block if on_device else jax.device_put(block, _DEVICE)
+            rows = block if on_device else tuple(jax.device_put(b, _DEVICE) for b in block)
             return self._scatter_rows(pools, rows, idx), idx[0] + 0
 
         block = self._staging_spec(pages) if on_device else self._host_example(pages)
@@ -170,23 +189,24 @@ class AllocatorPrograms:
 
     def _take(self, pages: int):
         """The first `pages` staging rows as their own array (to broadcast them)."""
-        return (lambda staging: staging[:pages]), (self._staging_spec(),), (), self.staging_sharding
+        return (lambda staging: tuple(s[:pages] for s in staging)), (self._staging_spec(),), (), self._staged()
 
     def _h2d(self, block_rows: int, log2_rows: int):
         size = 1 << log2_rows
 
         def h2d(staging, block, src, dst):
-            return jax.lax.dynamic_update_slice_in_dim(staging, _block_rows(block, src, size), dst[0], 0)
+            return tuple(jax.lax.dynamic_update_slice_in_dim(s, r, dst[0], 0)
+                         for s, r in zip(staging, _block_rows(block, src, size)))
 
         args = (self._staging_spec(), self._host_example(block_rows), self._index(1), self._index(1))
-        return h2d, args, (0,), self.staging_sharding
+        return h2d, args, (0,), self._staged()
 
     def _read(self, block_rows: int, log2_rows: int):
         size = 1 << log2_rows
 
         def read(block, start):
             return _block_rows(block, start, size)
-        return read, (self._host_example(block_rows), self._index(1)), (), self.staging_sharding
+        return read, (self._host_example(block_rows), self._index(1)), (), self._staged()
 
 
 class PlanPrograms:
@@ -239,10 +259,10 @@ class PlanPrograms:
 
 
 def _block_rows(block, start, size: int):
-    """`size` rows of a host block from `start[0]`, on the device: the whole block by DMA
-    when it is that size, else a slice of it."""
-    rows = block if size == block.shape[0] else jax.lax.dynamic_slice_in_dim(block, start[0], size, 0)
-    return jax.device_put(rows, _DEVICE)
+    """`size` rows of a host block (every part) from `start[0]`, on the device: the whole
+    block by DMA when it is that size, else a slice of it."""
+    return tuple(jax.device_put(b if size == b.shape[0] else jax.lax.dynamic_slice_in_dim(b, start[0], size, 0),
+                                _DEVICE) for b in block)
 
 
 def _compile(fn, args, donate, outs, label: str, jaxprs: dict) -> jax.stages.Compiled:

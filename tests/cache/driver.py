@@ -5,9 +5,11 @@ writing seeded random bytes, unique to (pool, token prefix), into every pool it
 allocated; whatever the cache hands back for a prefix, from device or host, must equal
 those bytes.
 """
+import functools
 import hashlib
 
 import jax
+import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
@@ -33,6 +35,21 @@ def page_bytes(spec, blocks) -> np.ndarray:
     raw = rng.integers(0, 256, size=int(np.prod(shape)) * spec.itemsize, dtype=np.uint8)
     dtype = ml_dtypes.bfloat16 if spec.dtype == "bfloat16" else np.dtype(spec.dtype)
     return raw.view(dtype).reshape(shape)
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _land_step(pools, landing):
+    """A model step's landing, with no model: every layer's groups in order."""
+    lander = landing.lander()
+    x = jnp.zeros(())
+    for layer in range(landing.layers):
+        pools, x = lander.before_layer(layer, pools, x)
+        x = x + sum(v.reshape(-1)[0].astype(jnp.float32) for v in pools.values())
+    return lander.finish(pools)
+
+
+def land_in_step(pools, landing):
+    return _land_step(dict(pools), landing)
 
 
 class Driver:
@@ -67,12 +84,19 @@ class Driver:
                 got = pools[spec.name][:, int(page)]
                 assert got.tobytes() == want.tobytes(), f"{spec.name}: logical page {i} (device page {page}) is wrong"
 
-    def request(self, blocks, load=True, swa_every=False, must_fit=True) -> int:
+    def request(self, blocks, load=True, swa_every=False, must_fit=True, land=None) -> int:
         """Serve one prompt of `blocks` pages (+1 token); returns the tokens served from the cache.
-        With `must_fit=False` a request the device cannot hold now is turned away (returns -1)."""
+        With `must_fit=False` a request the device cannot hold now is turned away (returns -1).
+        `land`: None, a blocking load-back; "step", a deferred one that a jitted step lands
+        (`land_in_step`); "cache", a deferred one left for the cache to land (`drain`)."""
         c = self.cache
         tokens = np.concatenate([seq(blocks), np.asarray([7], np.int32)])
-        prefix = c.acquire(tokens, load_back=load)
+        prefix = c.acquire(tokens, load_back=load, deferred=land is not None)
+        if prefix.landing is not None:
+            if land == "step":
+                c.set_device_pools(land_in_step(c.device_pools, prefix.landing), landed=prefix.landing)
+            else:
+                c.drain()
         usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
         self.verify(blocks, table, window)          # every served page, device or host
         self.host_hits += prefix.host_tokens

@@ -6,10 +6,62 @@ import numpy as np
 import pytest
 
 import hicache_jax as hc
-from driver import Driver, layout
+from driver import Driver, land_in_step, layout, seq
 from faults import faulty_cache
 
 POLICIES = ["write_through", "write_through_selective", "write_back"]
+
+
+@pytest.mark.parametrize("name, groups", [("tiny_v4", 2), ("tiny_v41", 3), ("tiny_gqa", 4)])
+@pytest.mark.parametrize("land", ["step", "cache"])
+def test_deferred_loads_serve_the_same_bytes(name, groups, land):
+    """Host hits loaded back deferred: a jitted step lands them group by group (or, never
+    handed to a step, the cache does at `drain`); every served byte is what was written."""
+    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True, layer_groups=groups)
+    cache = hc.HiCache(layout(name), cfg)
+    d = Driver(cache)
+    rng = np.random.default_rng(groups)
+    convs = [[int(x) for x in rng.integers(0, 4, 3)] for _ in range(4)]
+    for turn in range(3):
+        for conv in convs:
+            d.request(conv, swa_every=True, land=land)
+            conv.append(int(rng.integers(0, 4)))
+            del conv[4:]
+    cache.drain()
+    cache.check_invariants()
+    assert d.host_hits > 0 and cache.stats().in_flight["load"] == 0
+    assert any(len(f.parts) > 1 for f in cache.engine.host.formats.values())   # split by layer group
+    landed = cache.stats().deferred_loads
+    assert landed.get(land, 0) > 0 and set(landed) == {land}, landed
+    assert f'hicache_deferred_loads_total{{landed_by="{land}"}}' in cache.metrics_text()
+
+
+def test_deferred_load_misuse_changes_nothing():
+    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True, layer_groups=2)
+    cache = hc.HiCache(layout("tiny_v4"), cfg)
+    d = Driver(cache)
+    d.request([1, 2, 3])
+    cache.evict(6, 6)
+    cache.drain()
+    tokens = np.concatenate([seq([1, 2, 3]), np.asarray([7], np.int32)])
+    for bad in ("yes", 1, None):
+        with pytest.raises(ValueError, match="deferred must be a bool"):
+            cache.acquire(tokens, deferred=bad)
+        with pytest.raises(ValueError, match="deferred must be a bool"):
+            cache.load_back(cache.match_prefix(tokens), deferred=bad)
+    prefix = cache.acquire(tokens, deferred=True)
+    assert prefix.landing is not None and prefix.host_tokens == 3 * 256
+    assert not any(t.startswith("load:") for t in cache.step().completed)   # no step has landed it
+    pools = land_in_step(cache.device_pools, prefix.landing)
+    with pytest.raises(ValueError, match="names no deferred load"):
+        cache.set_device_pools(pools, landed=object())
+    cache.set_device_pools(pools, landed=prefix.landing)
+    with pytest.raises(ValueError, match="names no deferred load"):     # landed once only
+        cache.set_device_pools(cache.device_pools, landed=prefix.landing)
+    assert any(t.startswith("load:") for t in cache.step().completed)
+    d.verify([1, 2, 3], prefix.device_pages, prefix.swa_pages)
+    cache.unlock(prefix.lock)
+    cache.check_invariants()
 
 
 @pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41", "tiny_gqa"])
@@ -79,7 +131,7 @@ def test_on_a_tp_mesh(name, tp):
     # host tier: each rank keeps its shard of tp rows; replicated rows are kept once, on one device
     for allocator, table in cache.engine.host.tables.items():
         assert table.arrays, allocator
-        for block in table.arrays.values():
+        for block in (a for parts in table.arrays.values() for a in parts):
             shards = {s.device for s in block.addressable_shards}
             assert len(shards) == (tp if cache.engine.host.formats[allocator].sharded else 1), allocator
             assert block.sharding.memory_kind == "pinned_host"

@@ -28,11 +28,13 @@ class CacheMachine(RuleBasedStateMachine):
     @initialize(name=st.sampled_from(sorted(LAYOUTS)),
                 policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
                 slow=st.booleans(), device=st.integers(4, 6), host=st.integers(6, 24),
-                first=st.lists(PROMPT, min_size=2, max_size=5), paced=st.booleans(), early=st.booleans())
-    def setup(self, name, policy, slow, device, host, first, paced, early):
+                first=st.lists(PROMPT, min_size=2, max_size=5), paced=st.booleans(), early=st.booleans(),
+                groups=st.integers(1, 3))
+    def setup(self, name, policy, slow, device, host, first, paced, early, groups):
         pace = LAYOUTS[name].page_bytes_of(LAYOUTS[name].anchor.name) if paced else None  # a page a step
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
-                               load_back_threshold=1, backup_bytes_per_step=pace, **self.storage_config())
+                               load_back_threshold=1, backup_bytes_per_step=pace, layer_groups=groups,
+                               **self.storage_config())
         self.name, self.cfg, self.slow = name, cfg, {"backup", "load"} if slow else set()
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)
@@ -41,7 +43,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.driver = Driver(self.cache)
         self.seen = []
         for blocks in first:            # some conversations to come back to
-            self.request(blocks, swa_every=True, load=True)
+            self.request(blocks, swa_every=True, load=True, land=None)
 
     def storage_config(self) -> dict:
         return {}
@@ -49,9 +51,10 @@ class CacheMachine(RuleBasedStateMachine):
     def make_store(self):
         return None
 
-    @rule(blocks=PROMPT, swa_every=st.booleans(), load=st.sampled_from([True, True, True, False]))
-    def request(self, blocks, swa_every, load):
-        self.driver.request(blocks, load=load, swa_every=swa_every)   # checks every served page
+    @rule(blocks=PROMPT, swa_every=st.booleans(), load=st.sampled_from([True, True, True, False]),
+          land=st.sampled_from([None, None, "step", "cache"]))
+    def request(self, blocks, swa_every, load, land):
+        self.driver.request(blocks, load=load, swa_every=swa_every, land=land)   # checks every served page
         self.seen.append(blocks)
 
     @rule(pick=st.integers(0, 31), longer=st.booleans())

@@ -43,7 +43,7 @@ def test_pools_have_the_documented_shapes_dtypes_and_shardings(v4):
     _, handle = engine.start(make_plan(layout, "backup", {"kv": ([5, 6, 7, 0], [8, 9, 10, 11])}), pools)
     handle.wait()
     table = engine.host.tables["kv"]  # one pinned block for the one host run
-    (block,) = table.arrays.values()
+    ((block,),) = table.arrays.values()   # one block of one part (no layer groups)
     assert block.shape == (4, -(-data // ROW_ALIGN_BYTES) * ROW_ALIGN_BYTES) and table.rows == 4
     assert data % ROW_ALIGN_BYTES and block.shape[1] - data < ROW_ALIGN_BYTES
     assert block.sharding.memory_kind == "pinned_host"
@@ -56,7 +56,7 @@ def test_tp_pools_are_sharded_and_host_rows_split_per_rank():
     engine = TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=mesh)
     pool = engine.init_device_pools()["gqa_kv"]
     assert pool.sharding.spec[3] == "tp" and pool.addressable_shards[0].data.shape[3] == 2  # 8 heads / 4
-    host = engine.host.block("kv", 8)
+    (host,) = engine.host.block("kv", 8)
     assert host.sharding.spec == jax.sharding.PartitionSpec(None, "tp") and len(host.addressable_shards) == 4
     with pytest.raises(ValueError, match="cannot be split over tp=3"):
         TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=jax.make_mesh((3,), ("tp",), devices=jax.devices()[:3]))

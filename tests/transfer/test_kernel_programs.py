@@ -25,32 +25,37 @@ from conftest import CONFIGS
 DEVICE_PAGES, ROWS = 12, 4
 
 
-def programs(layout, allocator, devices, kernels):
-    fmt = HostRowFormat.create(layout, allocator, devices)
+def programs(layout, allocator, devices, kernels, groups=1):
+    fmt = HostRowFormat.create(layout, allocator, devices, groups)
     pools = DevicePools(layout, {a.name: DEVICE_PAGES for a in layout.allocator_pools}, devices)
     no_host = lambda rows: pytest.fail("pack / unpack never touch the host tier")
     host = devices.row_sharding(fmt.sharded, "pinned_host")
     return AllocatorPrograms(fmt, [pools.shape(s) for s in fmt.pools], devices, no_host, host, ROWS, kernels, None), pools
 
 
-@pytest.mark.parametrize("kernels, name, tp", [
-    ("mosaic_gpu_interpret", "tiny_v4", None), ("tpu_interpret", "tiny_v4", None), ("tpu_interpret", "tiny_gqa", 2)])
-def test_pack_and_unpack_programs_equal_reference(kernels, name, tp):
+@pytest.mark.parametrize("kernels, name, tp, groups", [
+    ("mosaic_gpu_interpret", "tiny_v4", None, 1), ("tpu_interpret", "tiny_v4", None, 1), ("tpu_interpret", "tiny_gqa", 2, 1),
+    ("mosaic_gpu_interpret", "tiny_v41", None, 3), ("tpu_interpret", "tiny_gqa", 2, 2)])
+def test_pack_and_unpack_programs_equal_reference(kernels, name, tp, groups):
+    """Rows are one part per layer group (`groups`), each packed and unpacked by its own
+    kernel call over a range of each pool's layers."""
     layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
     mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
     devices = Devices.create(mesh)
     rng = np.random.default_rng(tp or 0)
     allocator = "kv"
-    ref, pools_of = programs(layout, allocator, devices, "reference")
-    got, _ = programs(layout, allocator, devices, kernels)
+    ref, pools_of = programs(layout, allocator, devices, "reference", groups)
+    got, _ = programs(layout, allocator, devices, kernels, groups)
+    assert (len(ref.fmt.parts) > 1) == (groups > 1)
     specs = ref.fmt.pools
     pools = tuple(jax.device_put(_random(rng, pools_of.shape(s), s.dtype), pools_of.sharding(s)) for s in specs)
     idx = rng.permutation(DEVICE_PAGES)[:ROWS].astype(np.int32)
     idx[1] = pk.PAD
     want = ref.compiled("pack", ROWS)(pools, idx)
     rows = got.compiled("pack", ROWS)(pools, idx)
-    assert np.array_equal(_bytes(rows), _bytes(want))
-    new_rows = jax.device_put(_random(rng, want.shape, want.dtype), ref.staging_sharding)
+    assert len(rows) == len(want) == len(ref.fmt.parts)
+    assert all(np.array_equal(_bytes(r), _bytes(w)) for r, w in zip(rows, want))
+    new_rows = tuple(jax.device_put(_random(rng, w.shape, w.dtype), ref.staging_sharding) for w in want)
     want_pools, _ = ref.compiled("unpack", ROWS)(tuple(p + 0 for p in pools), new_rows, idx)
     got_pools, _ = got.compiled("unpack", ROWS)(tuple(p + 0 for p in pools), new_rows, idx)
     for s, a, b in zip(specs, got_pools, want_pools):

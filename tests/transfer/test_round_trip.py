@@ -17,8 +17,11 @@ from hicache_jax.transfer import TransferEngine, host_compute_violations
 
 from conftest import CONFIGS
 
-CASES = [  # (config, tp or None, kernels)
+CASES = [  # (config, tp or None, kernels[, layer groups])
     ("tiny_v4", None, "reference"),
+    ("tiny_v4", None, "reference", 3),
+    ("tiny_v41", None, "triton_interpret", 2),
+    ("tiny_gqa", 2, "reference", 2),
     ("tiny_v4", 4, "reference"),
     ("tiny_v41", None, "reference"),
     ("tiny_v41", 2, "reference"),
@@ -44,7 +47,7 @@ def random_bytes(rng, shape, dtype):
 class Harness:
     """An engine plus numpy mirrors of both tiers, to check every page after each transfer."""
 
-    def __init__(self, name, tp, kernels):
+    def __init__(self, name, tp, kernels, groups=1):
         self.layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
         self.allocators = [p.name for p in self.layout.allocator_pools if self.layout.moving_with(p.name)]
         mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
@@ -53,7 +56,7 @@ class Harness:
         row = max(HostRowFormat.create(self.layout, a, devices).rank_row_bytes for a in self.allocators)
         self.engine = TransferEngine(self.layout, {a: DEVICE_PAGES for a in self.allocators},
                                      {a: HOST_PAGES for a in self.allocators}, mesh=mesh,
-                                     max_staging_bytes=2 * row, kernels=kernels)
+                                     max_staging_bytes=2 * row, kernels=kernels, layer_groups=groups)
         rng = np.random.default_rng(0)
         zeros = self.engine.init_device_pools()
         self.pools = {k: jax.device_put(random_bytes(rng, x.shape, x.dtype), x.sharding) for k, x in zeros.items()}
@@ -89,9 +92,9 @@ class Harness:
                 assert np.array_equal(as_bytes(arr), mirror[pool]), f"host page {page} of {a}: {pool}"
 
 
-@pytest.mark.parametrize("name, tp, kernels", CASES)
-def test_round_trip_is_exact_and_touches_nothing_else(name, tp, kernels):
-    t = Harness(name, tp, kernels)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "-".join(map(str, c)))
+def test_round_trip_is_exact_and_touches_nothing_else(case):
+    t = Harness(*case)
     rng = np.random.default_rng(1)
     for i, direction in enumerate(("backup", "load", "backup", "load")):
         pages = {}
@@ -148,13 +151,14 @@ def test_a_plan_of_whole_runs_moves_as_one_program(name):
     assert all(not host_compute_violations(j) for j in t.engine.program_jaxprs().values())
 
 
-@pytest.mark.parametrize("name, tp", [("tiny_v4", None), ("tiny_gqa", 2), ("tiny_v4", 4)])
-def test_host_blocks_follow_rewrites_and_never_outgrow_the_tier(name, tp):
+@pytest.mark.parametrize("name, tp, groups", [("tiny_v4", None, 1), ("tiny_gqa", 2, 1), ("tiny_v4", 4, 1),
+                                              ("tiny_v41", None, 2)])
+def test_host_blocks_follow_rewrites_and_never_outgrow_the_tier(name, tp, groups):
     """Host pages live in pinned blocks, one per backed-up host piece. Rewrite pages inside
     blocks (leaving dead rows), load whole blocks, parts of blocks and pages spread over
     many: every byte stays exact, loads of a whole block take one program, and the rows
     held never exceed the tier's pages (the sparsest blocks are compacted)."""
-    t = Harness(name, tp, "reference")
+    t = Harness(name, tp, "reference", groups)
     rng = np.random.default_rng(tp or 7)
     backed = []  # (allocator, host run) written as one block
     for step in range(30):

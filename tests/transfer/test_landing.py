@@ -1,0 +1,125 @@
+"""Deferred loads: a model step lands a load's host blocks layer group by layer group, and
+the pools end up byte for byte as a blocking load leaves them."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import hicache_jax as hc
+from hicache_jax.layout import groups as layer_groups
+from hicache_jax.plan import make_plan
+from hicache_jax.transfer import Landing, TransferEngine, host_compute_violations
+
+from conftest import CONFIGS
+
+
+def engine_for(name, groups, kernels="reference"):
+    layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
+    allocators = [p.name for p in layout.allocator_pools if layout.moving_with(p.name)]
+    return layout, allocators, TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators},
+                                              kernels=kernels, layer_groups=groups)
+
+
+def random_pools(engine, seed):
+    rng = np.random.default_rng(seed)
+    return {k: jax.device_put(rng.integers(0, 256, (*x.shape[:-1], x.shape[-1] * x.dtype.itemsize), np.uint8)
+                              .view(x.dtype), x.sharding) for k, x in engine.init_device_pools().items()}
+
+
+def as_bytes(pools):
+    return {k: np.asarray(v).view(np.uint8).copy() for k, v in pools.items()}
+
+
+def step_fn(num_layers, lead):
+    """A step that lands `landing` before each layer and reads a byte of each pool per layer."""
+    def step(pools, x, landing):
+        lander = landing.lander(lead)
+        for layer in range(num_layers):
+            pools, x = lander.before_layer(layer, pools, x)
+            x = x + sum(v.reshape(-1)[layer].astype(jnp.float32) for v in pools.values())
+        return lander.finish(pools), x
+    return jax.jit(step, donate_argnums=0)
+
+
+@pytest.mark.parametrize("name, groups, lead, kernels", [("tiny_v4", 2, 1, "reference"), ("tiny_v41", 3, 0, "reference"),
+                                                         ("tiny_gqa", 2, 2, "triton_interpret"),
+                                                         ("tiny_v4", 1, 1, "reference")])
+def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, kernels):
+    layout, allocators, engine = engine_for(name, groups, kernels)
+    pools = random_pools(engine, 0)
+    # back up whole runs (one block each) and a fragmented run, then load them to other pages
+    backup = {a: (np.arange(4), np.arange(4, 8)) for a in allocators}
+    _, h = engine.start(make_plan(layout, "backup", backup), pools)
+    h.wait()
+    _, h = engine.start(make_plan(layout, "backup", {allocators[0]: ([5, 6, 7], [0, 2, 9])}), pools)
+    h.wait()
+    load = {a: ([7, 2, 5, 1], np.arange(4, 8)) for a in allocators}
+    if len(allocators) > 1:   # one allocator's chunk gathers pieces (it moves now), the other's is a block
+        load[allocators[0]] = ([7, 2, 5, 1, 0, 3], [4, 5, 6, 7, 0, 9])
+    blocking, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1))
+    h.wait()
+    want = as_bytes(blocking)
+
+    deferred, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1), deferred=True)
+    landing = h.landing
+    assert isinstance(landing, Landing) and landing.groups == groups and not h.done()
+    with pytest.raises(RuntimeError, match="no step has landed"):
+        h.wait()
+    num_layers = layer_groups.num_model_layers(layout)
+    landed, _ = step_fn(num_layers, lead)(deferred, jnp.zeros(()), landing)
+    h.landed(landed[next(iter(landed))])
+    h.wait()
+    got = as_bytes(landed)
+    assert got.keys() == want.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+    # a landing no step took: the engine lands it in one program, the same bytes
+    again, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1), deferred=True)
+    out = engine.land(h.landing, again)
+    assert all(np.array_equal(v, want[k]) for k, v in as_bytes(out).items())
+    jaxpr = jax.make_jaxpr(lambda p, l: l.lander().finish(p))(dict(out), h.landing)
+    assert not host_compute_violations(jaxpr)
+
+
+def test_landing_misuse_is_refused():
+    layout, allocators, engine = engine_for("tiny_v4", 2)
+    pools = random_pools(engine, 0)
+    plan = make_plan(layout, "backup", {a: (np.arange(2), np.arange(2)) for a in allocators})
+    with pytest.raises(ValueError, match="only a load can be deferred"):
+        engine.start(plan, pools, deferred=True)
+    with pytest.raises(ValueError, match="deferred must be a bool"):
+        engine.start(plan, pools, deferred="yes")
+    _, h = engine.start(plan, pools)
+    h.wait()
+    pools, h = engine.start(make_plan(layout, "load", {a: (np.arange(2), np.arange(2)) for a in allocators}), pools,
+                            deferred=True)
+    with pytest.raises(ValueError, match="lead must be an int"):
+        h.landing.lander(-1)
+    with pytest.raises(ValueError, match="layer 99 is outside"):
+        h.landing.needed_group(99)
+    with pytest.raises(ValueError, match="land takes a Landing"):
+        engine.land("landing", pools)
+    for bad in (0, 10 ** 6, True, 1.5):
+        with pytest.raises(ValueError, match="layer_groups must be an int"):
+            TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators}, layer_groups=bad)
+
+
+def test_groups_cover_every_layer_once_and_reads_land_first():
+    for name in ("tiny_v4", "tiny_v41", "tiny_gqa", "deepseek_v4_flash"):
+        layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
+        layers = layer_groups.num_model_layers(layout)
+        for g in (1, 2, 3, layers):
+            b = layer_groups.bounds(layout, g)
+            assert b[0] == 0 and b[-1] == layers and all(x < y for x, y in zip(b, b[1:]))
+            need = layer_groups.needed_groups(layout, g)
+            for info in layout.layers:   # a layer's reads are in groups landed before it runs
+                for src in (info.kv_source, info.index_keys):
+                    if src is not None:
+                        assert layer_groups.group_of(layout, g, src) <= need[info.layer]
+            for p in layout.byte_pools:   # every slot of every pool in exactly one group
+                covered = [s for lo, hi in zip(b, b[1:]) for s in range(*_span(layer_groups.slots(p, lo, hi)))]
+                assert covered == list(range(p.num_layers)), (name, g, p.name)
+
+
+def _span(first_n):
+    first, n = first_n
+    return first, first + n
