@@ -52,9 +52,11 @@ def serve(args, model, cache: hc.HiCache, pools=None) -> list[Outcome]:
         prompt = prev if t == 0 else np.concatenate([prev, follow[c][t]])
         preempt = args.gen_tokens // 2 if cached and args.preempt_every and (i + 1) % args.preempt_every == 0 else None
         if cached:
-            out = run_cached(cache, model, prompt, args.gen_tokens, preempt_at=preempt, window_policy=args.policy)
+            out = run_cached(cache, model, prompt, args.gen_tokens, preempt_at=preempt, window_policy=args.policy,
+                             overlap=args.overlap)
             if out.resume_len is not None:   # preempted: resume at once, recomputing the partial page
-                out = run_cached(cache, model, prompt, args.gen_tokens, out=out, window_policy=args.policy)
+                out = run_cached(cache, model, prompt, args.gen_tokens, out=out, window_policy=args.policy,
+                                 overlap=args.overlap)
         else:
             pools, out = run_uncached(model, pools, prompt, args.gen_tokens)
         history[c] = np.concatenate([prompt, np.asarray(out.tokens, np.int32)])
@@ -131,6 +133,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(Mooncake Store), memory:// (this process only); off when not given")
     ap.add_argument("--prefetch-policy", default="wait_complete", choices=["best_effort", "wait_complete", "timeout"],
                     help="how long a request waits for pages being fetched from --storage")
+    ap.add_argument("--overlap", action="store_true",
+                    help="deferred load-backs: the first prefill chunk lands a host hit layer group by layer group")
+    ap.add_argument("--layer-groups", type=int, default=2, help="with --overlap: the host tier's layer groups")
     ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call (slow)")
     ap.add_argument("--quiet", dest="progress", action="store_false", help="no per-request lines")
     args = ap.parse_args(argv)
@@ -211,7 +216,8 @@ def main(argv=None) -> int:
         pathlib.Path(args.metrics_out).write_text(cache.metrics_text())
     result = outcome_fields(cache, with_cache, without)
     result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
-                  window_policy=args.policy.name)
+                  window_policy=args.policy.name, overlap=args.overlap,
+                  deferred_loads=dict(cache.stats().deferred_loads))
     cache.close()
     print(json.dumps(result))
     return 0 if same else 1
@@ -223,6 +229,7 @@ def make_cache(args) -> hc.HiCache:
     # the weights are random, seeded: the seed names them in storage keys
     return hc.HiCache(layout, hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
                                                write_policy=args.write_policy, check_invariants=args.check,
+                                               layer_groups=args.layer_groups if args.overlap else 1,
                                                storage=args.storage, storage_prefetch_policy=args.prefetch_policy,
                                                storage_model_id=f"{layout.model.name}/tiny-seed{args.seed}"))
 

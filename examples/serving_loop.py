@@ -40,9 +40,10 @@ class Outcome:
 class PagedRequest:
     """Runs forwards for one sequence over page tables (logical page -> device page)."""
 
-    def __init__(self, model, pools, seq: np.ndarray, anchor: list[int], swa: dict[int, int]):
+    def __init__(self, model, pools, seq: np.ndarray, anchor: list[int], swa: dict[int, int], landing=None):
         self.model, self.pools, self.seq = model, pools, list(seq.tolist())
         self.anchor, self.swa = anchor, swa     # swa: logical page -> SWA device page
+        self.landing, self.landed = landing, None   # a deferred load: the first forward lands it
 
     def forward(self, end: int, logits: bool = True) -> np.ndarray | None:
         """Compute positions up to `end` (exclusive) of the chunk holding end - 1; logits of end - 1
@@ -57,7 +58,10 @@ class PagedRequest:
         s = np.zeros(m, np.int32)
         for k, v in self.swa.items():
             s[k] = v
-        self.pools, out = self.model.forward_chunk(self.pools, a, s, tokens, q * C, end - q * C, logits=logits)
+        self.pools, out = self.model.forward_chunk(self.pools, a, s, tokens, q * C, end - q * C, logits=logits,
+                                                   landing=self.landing)
+        if self.landing is not None:
+            self.landing, self.landed = None, self.landing
         return None if out is None else np.asarray(out)
 
     def prefill(self, start: int) -> np.ndarray:
@@ -86,18 +90,20 @@ class PagedRequest:
 
 def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outcome | None = None,
                preempt_at: int | None = None, stop_tokens: frozenset[int] = frozenset(),
-               window_policy: hc.WindowPolicy = EVERY_PAGE) -> Outcome:
+               window_policy: hc.WindowPolicy = EVERY_PAGE, overlap: bool = False) -> Outcome:
     """Serve one request through `cache`. With `preempt_at`, leave after that many tokens
     (whole pages stay cached, the rest is recomputed on resume: `out.resume_len`).
     `window_policy`: the page boundaries whose SWA pages the tree keeps, the others are freed
-    (default: every page, as chat.py serves; decode.py passes its --window-policy)."""
+    (default: every page, as chat.py serves; decode.py passes its --window-policy).
+    `overlap`: a host hit is a deferred load that the first prefill chunk lands layer group
+    by layer group (`Landing`), instead of a load waited for before it."""
     P = model.page_size
     swa_alloc = cache.swa_allocator
     out = out or Outcome([], [], 0.0)
     seq = np.concatenate([prompt, np.asarray(out.tokens, np.int32)]).astype(np.int32)
     t0 = time.perf_counter()
     cache.step()               # apply what completed since the last request
-    prefix = cache.acquire(seq)
+    prefix = cache.acquire(seq, deferred=overlap)
     usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
     out.device_hit += prefix.device_tokens
     out.host_hit += prefix.host_tokens
@@ -110,14 +116,14 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     swa_new = grant[swa_alloc].tolist() if swa_alloc else []
     swa = {first - len(window) + i: int(p) for i, p in enumerate(window)}
     swa.update({first + i: p for i, p in enumerate(swa_new)})
-    req = PagedRequest(model, cache.device_pools, seq, table.tolist() + new, swa)
+    req = PagedRequest(model, cache.device_pools, seq, table.tolist() + new, swa, prefix.landing)
     logits = req.prefill(usable)
     out.computed += len(seq) - usable
     if not out.ttft_s:
         jax.block_until_ready(req.pools)
         out.ttft_s = time.perf_counter() - t0
     req.decode(logits, gen, out, stop_after=preempt_at, stop_tokens=stop_tokens)
-    cache.set_device_pools(req.pools)
+    cache.set_device_pools(req.pools, landed=req.landed)
     n = len(req.seq) - 1          # the last token was sampled, not yet computed
     whole = n // P
     # the tree keeps the SWA pages of the windows ending at the policy's stop points, where a

@@ -11,6 +11,10 @@ computed by the same function from the same inputs: the chunk's tokens and the b
 earlier positions. It writes only the current page of each pool (anchor page for
 kv-indexed pools, SWA page for SWA-indexed ones) and reads earlier pages only where the
 position masks admit them; other table entries may name any page holding any bytes.
+
+`landing=` (a deferred load-back's `hicache_jax.Landing`) is landed inside the same jit,
+each layer group just before the first layer that reads it (`Lander.before_layer`), so
+the copy of a prefix from the host runs under the chunk's compute.
 """
 from __future__ import annotations
 
@@ -26,7 +30,9 @@ class ChunkModel:
     """Base class: argument checks, the single jit, and the two entry points.
 
     Subclasses set `self.params` in `__init__` (after calling this one) and implement
-    `_chunk(params, pools, chunk, tokens) -> (pools, logits f32[page_size, vocab])`.
+    `_chunk(params, pools, chunk, tokens, lander) -> (pools, logits f32[page_size, vocab])`,
+    calling `pools, x = lander.before_layer(layer, pools, x)` before each layer when
+    `lander` is not None.
     """
 
     def __init__(self, layout: PoolLayout, max_pages: int, chunk_size: int | None = None):
@@ -50,7 +56,7 @@ class ChunkModel:
 
     # ---- public API -------------------------------------------------------------------
 
-    def forward_chunk(self, pools, anchor_pages, swa_pages, tokens, start, valid, logits: bool = True):
+    def forward_chunk(self, pools, anchor_pages, swa_pages, tokens, start, valid, logits: bool = True, landing=None):
         """(pools, logits f32[vocab]) of position start + valid - 1; see the module docstring.
 
         pools: {name: u8/bf16[num_layers, num_pages, *page_shape]} for every byte pool of the
@@ -59,8 +65,9 @@ class ChunkModel:
         array is passed through unchecked: checking it would need a device sync).
         `logits=False` (a prefill chunk before the last) returns None for the logits and
         lets a model skip its head; the same compiled program runs, so the pools are the same.
+        `landing`: a deferred load to land in this chunk's jit (module docstring).
         """
-        pools, _, last = self._call(pools, anchor_pages, swa_pages, tokens, start, valid, logits)
+        pools, _, last = self._call(pools, anchor_pages, swa_pages, tokens, start, valid, logits, landing)
         return pools, last if logits else None
 
     def forward_chunk_all(self, pools, anchor_pages, swa_pages, tokens, start, valid):
@@ -82,18 +89,21 @@ class ChunkModel:
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _chunk(self, params, pools, chunk: Chunk, tokens):
+    def _chunk(self, params, pools, chunk: Chunk, tokens, lander):
         raise NotImplementedError
 
-    def _forward(self, params, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits):
+    def _forward(self, params, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits, landing):
         # the tiny models compute every row's logits (cheap): `want_logits` is not needed
         chunk = Chunk.make(self.page_size, anchor_pages, swa_pages, start, valid, rows=self.chunk_size)
         tokens = jnp.clip(tokens, 0, self.vocab_size - 1)  # padding may hold anything
-        pools, logits = self._chunk(params, pools, chunk, tokens)
+        lander = landing.lander() if landing is not None else None
+        pools, logits = self._chunk(params, pools, chunk, tokens, lander)
+        if lander is not None:
+            pools = lander.finish(pools)
         last = jax.lax.dynamic_index_in_dim(logits, valid - 1, axis=0, keepdims=False)
         return pools, logits, last
 
-    def _call(self, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits: bool):
+    def _call(self, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits: bool, landing=None):
         check_pools(self.layout, pools)
         anchor_pages = _i32_vector("anchor_pages", anchor_pages, self.max_pages)
         swa_pages = _i32_vector("swa_pages", swa_pages, self.max_pages)
@@ -102,7 +112,7 @@ class ChunkModel:
         if isinstance(start, np.int32) and isinstance(valid, np.int32):
             self._check_range(int(start), int(valid))
         return self._step(self.params, dict(pools), anchor_pages, swa_pages, tokens, start, valid,
-                          np.bool_(want_logits))
+                          np.bool_(want_logits), landing)
 
     def _check_range(self, start: int, valid: int) -> None:
         P, C = self.page_size, self.chunk_size

@@ -33,6 +33,17 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
     assert "hicache_load_back_bytes_total" in text and "hicache_hit_tokens_total" in text
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("config", ["tiny_v4", "tiny_v41", "tiny_gqa"])
+def test_decode_with_overlapped_load_backs_is_bit_identical(config, capsys):
+    """--overlap: host hits are deferred loads that the first prefill chunk lands, layer
+    group by layer group, inside its jit; tokens and logits stay bit-identical."""
+    code = decode.main(["--config", str(CONFIGS / f"{config}.json"), "--overlap", "--layer-groups", "2", *SMALL])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["identical"] is True and code == 0 and result["overlap"] is True
+    assert result["host_hit_tokens"] > 0 and result["deferred_loads"].get("step", 0) > 0
+
+
 @pytest.mark.parametrize("argv,flag", [
     (["--config", "no/such/config.json"], "--config no/such/config.json: No such file"),
     (["--config", "README.md"], "not valid JSON"),
