@@ -72,12 +72,13 @@ def same_bytes(cache, prefix, written) -> bool:
     return True
 
 
-def make_cache(config: str, max_pages: int) -> hc.HiCache:
+def make_cache(config: str, max_pages: int, layer_groups: int = 1) -> hc.HiCache:
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
     window = layout.window_pages() if layout.swa_pool else 0
     cfg = hc.HiCacheConfig(device_pages=max_pages + 2, swa_device_pages=window + 2 if window else None,
                            host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
-                           write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40)
+                           write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40,
+                           layer_groups=layer_groups)
     return hc.HiCache(layout, cfg)
 
 

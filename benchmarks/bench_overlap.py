@@ -6,7 +6,10 @@ take about as long as the load. Measured in one process, rounds interleaved, med
 
     load      `acquire` of the prefix through the public API (pages usable on device)
     compute   the step alone
-    serial    `acquire`, then the step: what a serving loop does today (time to first token)
+    serial    `acquire`, then the step: a blocking load-back (time to first token)
+    cache     `acquire(deferred=True)` on a cache of that many layer groups, then the step
+              lands the prefix itself, `Landing.lander().before_layer` before each layer
+              (the overlapped path of the cache; bytes checked after the rounds)
     whole     the step's jit takes the prefix as one pinned-host array per layer group and
               moves each with `jax.device_put(h, Device)` before that group's layers
     chained   as `whole`, each group's copy ordered after the compute two groups earlier
@@ -15,8 +18,9 @@ take about as long as the load. Measured in one process, rounds interleaved, med
               prefix's rows out (what one host buffer per allocator allows)
 
 `whole`, `chained` and `slices` move synthetic arrays of exactly the prefix's bytes per
-group: they measure what a host tier must hand a model step for the load to overlap, not
-(yet) a path of the cache. Each is reported as time / max(load, compute).
+group: the mechanisms alone, beside the cache's path. Each is reported as time /
+max(load, compute), `load` being the blocking `acquire` of a cache without layer groups
+(`load/G`: of the grouped cache, also reported).
 
     python benchmarks/bench_overlap.py --out overlap.json            # V4-Flash (GPU)
     python benchmarks/bench_overlap.py --smoke --out overlap.json    # tiny_v4, CPU, seconds
@@ -77,6 +81,18 @@ class Step:
         bounds = np.linspace(0, self.layers, groups + 1).round().astype(int)
         return [range(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
+    def with_landing(self, pool: str, lead: int = 1):
+        """The step landing a deferred load: before each layer its group, then one element
+        of that layer's slot of `pool` (a pool with a slot per layer) feeds the activations."""
+        def step(x, pools, landing):
+            lander = landing.lander(lead)
+            for layer in range(self.layers):
+                pools, x = lander.before_layer(layer, pools, x)
+                x = self.use(x, pools[pool][layer, :1])
+                x = self.layer(x)
+            return x, lander.finish(pools)
+        return jax.jit(step, donate_argnums=1)
+
     def plain(self):
         def step(x):
             for _ in range(self.layers):
@@ -122,32 +138,60 @@ def group_rows(cache, pages: int, groups: int, spare: int = 1) -> list[jax.Array
     return out
 
 
-def run(args) -> dict:
-    cache = bench_api.make_cache(args.config, args.pages)
+def prefix_cache(args, groups: int):
+    """A cache holding the prefix on the host only, its tokens, and the bytes written."""
+    cache = bench_api.make_cache(args.config, args.pages, groups)
     layout = cache.layout
     pages, window = args.pages, min(args.pages, cache.window_pages)
     tokens = np.random.default_rng(args.seed).integers(1, 50_000, pages * layout.page_size + 1).astype(np.int32)
     grant = cache.alloc(pages, window)
-    bench_api.fill(cache, grant, args.seed)
+    written = bench_api.fill(cache, grant, args.seed)
     keep = {pages - window + i: int(p) for i, p in enumerate(grant[cache.swa_allocator])} if window else None
     cache.insert(tokens[:-1], grant[cache.anchor], keep)
+    return cache, tokens, written
+
+
+def evicted(cache):
+    """The prefix on the host only (a load that a step landed completes at the first drain)."""
+    cache.drain()
+    cache.evict(10 ** 6, 10 ** 6 if cache.window_pages else 0)
+    cache.drain()
+
+
+def run(args) -> dict:
+    cache, tokens, _ = prefix_cache(args, 1)
+    layout = cache.layout
+    pages, window = args.pages, min(args.pages, cache.window_pages)
     layers = max(p.num_layers for p in layout.byte_pools)
     step = Step(args.tokens, args.hidden, layers)
+    every = next(p.name for p in layout.byte_pools if p.num_layers == layers)   # a pool with a slot per layer
 
-    def acquire():
-        cache.evict(10 ** 6, 10 ** 6 if window else 0)
-        cache.drain()
+    def acquire(c=cache):
+        evicted(c)
         t = clock()
-        prefix = cache.acquire(tokens)
-        jax.block_until_ready(cache.device_pools)
+        prefix = c.acquire(tokens)
+        jax.block_until_ready(c.device_pools)
         took = clock() - t
-        cache.unlock(prefix.lock)
+        c.unlock(prefix.lock)
         assert prefix.host_tokens == pages * layout.page_size, prefix
         return took
 
+    def deferred(c, fn, check=None):
+        evicted(c)
+        t = clock()
+        prefix = c.acquire(tokens, deferred=True)
+        x, pools = fn(step.x, c.device_pools, prefix.landing)
+        jax.block_until_ready(x)
+        took = clock() - t
+        c.set_device_pools(pools, landed=prefix.landing)
+        if check is not None:
+            check(c, prefix)
+        c.unlock(prefix.lock)
+        assert prefix.host_tokens == pages * layout.page_size and prefix.landing is not None, prefix
+        return took
+
     def acquire_then_step(fn):
-        cache.evict(10 ** 6, 10 ** 6 if window else 0)
-        cache.drain()
+        evicted(cache)
         t = clock()
         prefix = cache.acquire(tokens)
         jax.block_until_ready(fn(step.x))
@@ -165,9 +209,17 @@ def run(args) -> dict:
         step.rounds = max(step.rounds + 1, int(step.rounds * load_ms / compute_ms))
     result = {"config": layout.model.name, "pages": pages, "bytes": bench_api.prefix_bytes(layout, pages),
               "layers": layers, "matmuls_per_layer": step.rounds}
-    variants = {}
+    variants, grouped = {}, {}
     start = np.array([pages + window], np.int32)      # the slices start one prefix in
+    landed = {lead: step.with_landing(every, lead) for lead in args.leads}
+    exact = {}
     for groups in args.groups:
+        c, _, written = prefix_cache(args, groups)
+        check = lambda c, prefix, g=groups, w=written: exact.__setitem__(g, bench_api.same_bytes(c, prefix, w))
+        grouped[groups] = (c, check)
+        for fn in landed.values():                  # compile the step for this landing
+            deferred(c, fn)
+        acquire(c)                                  # and the grouped cache's blocking load
         whole = group_rows(cache, pages, groups)
         spare = group_rows(cache, pages, groups, spare=4)
         rows = int(whole[0].shape[0])
@@ -183,12 +235,22 @@ def run(args) -> dict:
         samples.setdefault("compute", []).append(median_ms(lambda: plain(step.x), 1))
         samples.setdefault("serial", []).append(acquire_then_step(plain) * 1e3)
         for groups, fns in variants.items():
+            c, _ = grouped[groups]
+            for lead, fn in landed.items():
+                samples.setdefault(f"cache/{groups}" + (f"/lead{lead}" if lead != 1 else ""), []).append(
+                    deferred(c, fn) * 1e3)
+            samples.setdefault(f"load/{groups}", []).append(acquire(c) * 1e3)
             for how, fn in fns.items():
                 samples.setdefault(f"{how}/{groups}", []).append(median_ms(fn, 1))
+    for groups, (c, check) in grouped.items():   # the landed bytes are the prefix's, on every pool
+        deferred(c, landed[args.leads[0]], check)
+        c.close()
     med = {k: round(statistics.median(v), 3) for k, v in samples.items()}
     floor = max(med["load"], med["compute"])
     result["ms"] = med
-    result["vs_max_load_compute"] = {k: round(v / floor, 3) for k, v in med.items() if k not in ("load", "compute")}
+    result["vs_max_load_compute"] = {k: round(v / floor, 3) for k, v in med.items()
+                                     if k not in ("load", "compute") and not k.startswith("load/")}
+    result["byte_exact"] = exact
     cache.close()
     return result
 
@@ -198,6 +260,7 @@ def main():
     ap.add_argument("--config", default="deepseek_v4_flash")
     ap.add_argument("--pages", type=int, default=256)
     ap.add_argument("--groups", default="43,11", help="layer groups, comma-separated (one run each)")
+    ap.add_argument("--leads", default="1", help="groups a landing's copies run ahead (Landing.lander), comma-separated")
     ap.add_argument("--tokens", type=int, default=2048, help="rows of each layer's matmuls")
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--reps", type=int, default=7)
@@ -208,11 +271,15 @@ def main():
     if args.smoke:
         args.config, args.pages, args.groups, args.tokens, args.hidden, args.reps = "tiny_v4", 2, "2", 16, 64, 2
     args.groups = [int(g) for g in str(args.groups).split(",")]
+    args.leads = [int(g) for g in str(args.leads).split(",")]
     if any(g < 1 for g in args.groups) or args.pages < 1 or args.reps < 1:
         sys.exit(f"--groups, --pages and --reps must be >= 1; got {args.groups}, {args.pages}, {args.reps}")
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]), **run(args)}
     pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: result[k] for k in ("config", "pages", "matmuls_per_layer", "ms", "vs_max_load_compute")}))
+    print(json.dumps({k: result[k] for k in ("config", "pages", "matmuls_per_layer", "ms", "vs_max_load_compute",
+                                             "byte_exact")}))
+    if not all(result["byte_exact"].values()):
+        sys.exit("a deferred load landed wrong bytes")
 
 
 if __name__ == "__main__":
