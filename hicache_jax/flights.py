@@ -71,7 +71,8 @@ class Flights:
             self._flights[tid] = _Flight(plan, now, rest=split_plan(plan, self._layout, piece_bytes), last_dispatch=now)
             return pools, True
         try:
-            pools, handle = self._engine.start(plan, pools, deferred=deferred)
+            # (an engine stand-in without deferred loads still serves every other transfer)
+            pools, handle = self._engine.start(plan, pools, **({"deferred": True} if deferred else {}))
         except Exception:
             log.exception("%s failed to start", tid)
             self._fail(tid, FailureCause.START)
