@@ -17,6 +17,7 @@ compiling once its shapes were seen (`warmup` compiles the common ones ahead).
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -124,9 +125,10 @@ class TransferEngine:
         mapping that `check_device_pools` rejects. Errors after dispatch are raised by
         `handle.done()` / `handle.wait()`.
 
-        `deferred` (loads only): the chunks that are one whole host block are not moved;
+        `deferred` (loads only): the whole host blocks the plan moves are not moved;
         `handle.landing` hands them to the model's step (`transfer/landing.py`), and the
-        handle is not done until `handle.landed(token)`. Other chunks move now.
+        handle is not done until `handle.landed(token)`. Rows that are part of a larger
+        block (and replicated pools on a mesh) move now.
         """
         started = time.perf_counter()
         if not isinstance(deferred, bool):
@@ -192,17 +194,33 @@ class TransferEngine:
         return self._land_all(dict(pools), landing)
 
     def _defer(self, work, moves):
-        """Split a load's chunks: those that are one whole host block go to a `Landing`,
-        the others stay to be moved now. Returns (work, moves, landing or None)."""
-        chunks, kept_work, kept_moves = [], [], []
+        """Split a load: every whole host block it moves (a chunk that is one block, or a
+        piece of a chunk that is a whole block) goes to a `Landing`; the rest stays to be
+        moved now, its deferred rows masked (PAD). Returns (work, moves, landing or None)."""
+        deferred, kept_work, kept_moves = [], [], []
         for (progs, parts), chunk_moves in zip(work, moves):
             names = [s.name for s in progs.fmt.pools]
-            rest = [(part, move) for part, move in zip(parts, chunk_moves) if move[0] != "block"]
-            chunks += [(progs, names, move[1], jax.device_put(part.device_pages, progs.home))
-                       for part, move in zip(parts, chunk_moves) if move[0] == "block"]
+            rest = []
+            for part, (kind, payload) in zip(parts, chunk_moves):
+                if kind == "block":
+                    deferred.append((progs, names, payload, part.device_pages))
+                    continue
+                if progs.broadcast_load:        # replicated pools on a mesh: staged rows only
+                    rest.append((part, (kind, payload)))
+                    continue
+                pages, now = part.device_pages.copy(), []
+                for array, row, k, dst in payload:
+                    if row == 0 and block_rows(array) == 1 << k:
+                        deferred.append((progs, names, array, pages[dst:dst + (1 << k)].copy()))
+                        pages[dst:dst + (1 << k)] = pk.PAD
+                    else:
+                        now.append((array, row, k, dst))
+                if now:
+                    rest.append((dataclasses.replace(part, device_pages=pages), ("pieces", now)))
             if rest:
                 kept_work.append((progs, [part for part, _ in rest]))
                 kept_moves.append([move for _, move in rest])
+        chunks = [(progs, names, block, jax.device_put(pages, progs.home)) for progs, names, block, pages in deferred]
         landing = Landing.create(chunks, self._needed, self.layer_groups) if chunks else None
         return kept_work, kept_moves, landing
 

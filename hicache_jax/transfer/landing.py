@@ -24,7 +24,9 @@ overlap"). The bytes land exactly as a blocking load writes them.
 
 After the step, `HiCache.set_device_pools(pools, landed=landing)` tells the cache; the
 load completes when that step has run. A landing never passed to a step is landed by
-`wait`, `drain` or any call that waits for transfers (`TransferEngine.land`).
+`wait`, `drain` or any call that waits for transfers (`TransferEngine.land`). A landing
+belongs to one load: once its load has completed or failed (`step()` says which), its
+device pages may hold other data, and it must not be passed to a step again.
 """
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ _DEVICE = jax.memory.Space.Device
 
 @jax.tree_util.register_pytree_node_class
 class Landing:
-    """The deferred part of one load-back: per moved chunk, its pinned block (a tuple of
-    one array per stored part) and its device pages (i32, on the device).
+    """The deferred part of one load-back: per whole host block it moves, the block (a
+    tuple of one array per stored part) and the device pages of its rows (i32, on the device).
 
     Static (part of a step's compiled signature): the chunks' allocator programs and pool
     names, and per model layer the last group it reads.
@@ -50,7 +52,7 @@ class Landing:
 
     @classmethod
     def create(cls, chunks, needed: Sequence[int], groups: int) -> "Landing":
-        """`chunks`: `(programs, pool names, block, device pages)` per deferred chunk."""
+        """`chunks`: `(programs, pool names, block, device pages)` per deferred block."""
         progs = tuple(c[0] for c in chunks)
         names = tuple(tuple(c[1]) for c in chunks)
         return cls([c[2] for c in chunks], [c[3] for c in chunks], (progs, names, tuple(needed), groups))

@@ -99,5 +99,6 @@ def test_bench_host_tier_smoke(tmp_path):
 def test_bench_overlap_smoke(tmp_path):
     result = run("bench_overlap.py", tmp_path)
     assert result["config"] == "tiny-v4" and result["matmuls_per_layer"] >= 1
-    assert set(result["ms"]) == {"load", "compute", "serial", "whole/2", "chained/2", "slices/2"}
+    assert set(result["ms"]) == {"load", "compute", "serial", "cache/2", "load/2", "whole/2", "chained/2", "slices/2"}
     assert all(v > 0 for v in result["ms"].values()) and result["vs_max_load_compute"]["serial"] > 0
+    assert result["byte_exact"] == {"2": True}   # the deferred load, landed by the step

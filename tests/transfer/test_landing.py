@@ -13,11 +13,12 @@ from hicache_jax.transfer import Landing, TransferEngine, host_compute_violation
 from conftest import CONFIGS
 
 
-def engine_for(name, groups, kernels="reference"):
+def engine_for(name, groups, kernels="reference", tp=None):
     layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
     allocators = [p.name for p in layout.allocator_pools if layout.moving_with(p.name)]
+    mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
     return layout, allocators, TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators},
-                                              kernels=kernels, layer_groups=groups)
+                                              mesh=mesh, kernels=kernels, layer_groups=groups)
 
 
 def random_pools(engine, seed):
@@ -36,26 +37,28 @@ def step_fn(num_layers, lead):
         lander = landing.lander(lead)
         for layer in range(num_layers):
             pools, x = lander.before_layer(layer, pools, x)
-            x = x + sum(v.reshape(-1)[layer].astype(jnp.float32) for v in pools.values())
+            x = x + sum(v[(layer % v.shape[0],) + (0,) * (v.ndim - 1)].astype(jnp.float32) for v in pools.values())
         return lander.finish(pools), x
     return jax.jit(step, donate_argnums=0)
 
 
-@pytest.mark.parametrize("name, groups, lead, kernels", [("tiny_v4", 2, 1, "reference"), ("tiny_v41", 3, 0, "reference"),
-                                                         ("tiny_gqa", 2, 2, "triton_interpret"),
-                                                         ("tiny_v4", 1, 1, "reference")])
-def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, kernels):
-    layout, allocators, engine = engine_for(name, groups, kernels)
+@pytest.mark.parametrize("name, groups, lead, kernels, tp", [
+    ("tiny_v4", 2, 1, "reference", None), ("tiny_v41", 3, 0, "reference", None),
+    ("tiny_gqa", 2, 2, "triton_interpret", None), ("tiny_v4", 1, 1, "reference", None),
+    ("tiny_gqa", 4, 1, "reference", 2)])   # tp: each rank lands its shard of the sharded pool
+def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, kernels, tp):
+    layout, allocators, engine = engine_for(name, groups, kernels, tp)
     pools = random_pools(engine, 0)
     # back up whole runs (one block each) and a fragmented run, then load them to other pages
     backup = {a: (np.arange(4), np.arange(4, 8)) for a in allocators}
     _, h = engine.start(make_plan(layout, "backup", backup), pools)
     h.wait()
-    _, h = engine.start(make_plan(layout, "backup", {allocators[0]: ([5, 6, 7], [0, 2, 9])}), pools)
+    _, h = engine.start(make_plan(layout, "backup", {allocators[0]: ([5, 6, 7], [0, 2, 9])}), pools)   # 3 blocks
     h.wait()
-    load = {a: ([7, 2, 5, 1], np.arange(4, 8)) for a in allocators}
-    if len(allocators) > 1:   # one allocator's chunk gathers pieces (it moves now), the other's is a block
-        load[allocators[0]] = ([7, 2, 5, 1, 0, 3], [4, 5, 6, 7, 0, 9])
+    load = {a: ([7, 2, 5, 1], np.arange(4, 8)) for a in allocators}   # whole blocks: a step lands them
+    # pieces: rows 1-2 of a 4-page block (moved now, through staging) and three whole 1-page
+    # blocks (landed by the step)
+    load[allocators[0]] = ([7, 2, 5, 1, 0], [5, 6, 0, 9, 2])
     blocking, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1))
     h.wait()
     want = as_bytes(blocking)
@@ -63,6 +66,7 @@ def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, ke
     deferred, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1), deferred=True)
     landing = h.landing
     assert isinstance(landing, Landing) and landing.groups == groups and not h.done()
+    assert len(landing.blocks) == len(allocators) - 1 + 3
     with pytest.raises(RuntimeError, match="no step has landed"):
         h.wait()
     num_layers = layer_groups.num_model_layers(layout)
