@@ -10,6 +10,10 @@
                               before the plan's checks (`HostBlocks`); any other chunk
                               gathers its rows block by block into a staging buffer first.
 
+A deferred load (`start(plan, pools, deferred=True)`) dispatches nothing for its whole
+blocks: the model's step moves them, layer group by layer group, inside its own jit
+(`landing.py`).
+
 Everything is dispatched asynchronously at `start`, in device stream order, so the caller
 may donate the pools to its next step at once. Plans larger than the staging cap go in
 chunks of `chunk_pages`; shapes are bucketed to powers of two, so a steady workload stops
