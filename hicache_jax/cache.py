@@ -156,7 +156,7 @@ class HiCache:
                                  lambda: self.core.anchor_host_pages(match))
         job = self.core.start_load(match)
         self._flush_demotions()
-        if job is Refusal.NO_DEVICE_SPACE and patient and self._land_backups():
+        if job is Refusal.NO_DEVICE_SPACE and patient and self._land_backups(loads=True):
             job = self.core.start_load(match)
             self._flush_demotions()
         if not isinstance(job, LoadJob):
@@ -231,10 +231,11 @@ class HiCache:
 
         All or nothing: a bad count raises ValueError and a refusal returns None, both with
         nothing taken and nothing evicted (a request that eviction cannot satisfy is refused
-        before anything is evicted). Pages under a backup cannot be evicted until it lands:
-        when it comes up short while backups are in flight, this waits for them (dispatching
-        queued ones first) and tries once more, so the answer does not depend on how fast
-        the link is. The pages are the caller's until given to `insert` or `free`.
+        before anything is evicted). Pages under a transfer cannot be evicted until it lands:
+        when it comes up short while backups or loads are in flight, this waits for them
+        (dispatching queued ones first, landing deferred loads no step took yet) and tries
+        once more, so the answer does not depend on how fast the link is. The pages are the
+        caller's until given to `insert` or `free`.
         """
         need = self._need(pages, swa_pages)
         device = self.core.ledger.allocators(Tier.DEVICE)
@@ -242,7 +243,7 @@ class HiCache:
             return None     # more than every page not held by a request: waiting cannot help
         got = self.core.alloc_device(need)
         self._flush_demotions()
-        if got is None and self._land_backups():
+        if got is None and self._land_backups(loads=True):
             got = self.core.alloc_device(need)
             self._flush_demotions()
         return self._checked(got)
@@ -256,13 +257,14 @@ class HiCache:
             raise ValueError(f"swa_pages={swa_pages} but this layout has no SWA pool")
         return need
 
-    def _land_backups(self) -> bool:
-        """Dispatch queued backups and wait for all in flight; False when there were none."""
+    def _land_backups(self, loads: bool = False) -> bool:
+        """Dispatch queued backups and wait for all in flight (and the loads, when `loads`:
+        their pages are not evictable until they land); False when there were none."""
         self._dispatch_backups()
-        backups = [t for t in self._flights.ids() if t.direction is Direction.BACKUP]
-        for tid in backups:
+        waited = [t for t in self._flights.ids() if loads or t.direction is Direction.BACKUP]
+        for tid in waited:
             self._flights.complete(tid, blocking=True)
-        return bool(backups)
+        return bool(waited)
 
     def free(self, allocator: str, pages) -> None:
         """Give back held device pages not given to `insert` (i32 page ids of `allocator`, e.g.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import weakref
 from collections.abc import Callable, Mapping
 
 import jax
@@ -52,6 +53,7 @@ class Flights:
         self._set_pools = set_pools
         self._flights: dict[TransferId, _Flight] = {}
         self._failed_loads: set[int] = set()    # started loads that failed, until `take_failure` reports them
+        self._cache_landed = weakref.WeakSet()  # landings the cache landed itself: a step's `landed=` is a no-op
 
     def ids(self) -> set[TransferId]:
         return set(self._flights)
@@ -87,7 +89,10 @@ class Flights:
                                                   if getattr(h, "landing", None) is not None), None)
 
     def landed(self, landing, token: jax.Array) -> None:
-        """A step's output `token` lands `landing`; ValueError if no load in flight waits for it."""
+        """A step's output `token` lands `landing`; ValueError if no load in flight waits for it
+        (unless the cache landed it itself meanwhile: the step wrote the same bytes again)."""
+        if landing in self._cache_landed:
+            return
         for flight in self._flights.values():
             for h in flight.handles:
                 if getattr(h, "landing", None) is landing:
@@ -102,6 +107,7 @@ class Flights:
         for h in flight.handles:
             if getattr(h, "landing", None) is not None:
                 pools = self._set_pools(self._engine.land(h.landing, self._pools()))
+                self._cache_landed.add(h.landing)
                 h.landed(next(iter(pools.values())))
                 self._tally.landings["cache"] += 1
 

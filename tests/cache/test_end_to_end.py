@@ -2,6 +2,7 @@
 load-backs; the device bytes of every hit equal what was written, on every pool."""
 import zlib
 
+import jax
 import numpy as np
 import pytest
 
@@ -41,6 +42,7 @@ def test_deferred_load_misuse_changes_nothing():
     cache = hc.HiCache(layout("tiny_v4"), cfg)
     d = Driver(cache)
     d.request([1, 2, 3])
+    cache.drain()                     # the backup lands, then the prefix leaves the device
     cache.evict(6, 6)
     cache.drain()
     tokens = np.concatenate([seq([1, 2, 3]), np.asarray([7], np.int32)])
@@ -58,9 +60,45 @@ def test_deferred_load_misuse_changes_nothing():
     cache.set_device_pools(pools, landed=prefix.landing)
     with pytest.raises(ValueError, match="names no deferred load"):     # landed once only
         cache.set_device_pools(cache.device_pools, landed=prefix.landing)
+    jax.block_until_ready(cache.device_pools)                              # the step has run
     assert any(t.startswith("load:") for t in cache.step().completed)
     d.verify([1, 2, 3], prefix.device_pages, prefix.swa_pages)
     cache.unlock(prefix.lock)
+    cache.check_invariants()
+
+
+def test_a_landing_the_cache_landed_first_is_accepted_from_the_step():
+    """A deferred load that `drain` (or a short `alloc`) landed before the step: the step
+    writes the same bytes again, and its `landed=` is a no-op."""
+    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True, layer_groups=3)
+    cache = hc.HiCache(layout("tiny_v41"), cfg)
+    d = Driver(cache)
+    d.request([1, 2])
+    cache.drain()                     # the backup lands, then the prefix leaves the device
+    cache.evict(6, 6)
+    cache.drain()
+    prefix = cache.acquire(np.concatenate([seq([1, 2]), np.asarray([7], np.int32)]), deferred=True)
+    assert prefix.landing is not None
+    cache.drain()                                            # the cache lands it
+    cache.set_device_pools(land_in_step(cache.device_pools, prefix.landing), landed=prefix.landing)
+    d.verify([1, 2], prefix.device_pages, prefix.swa_pages)
+    assert cache.stats().deferred_loads == {"cache": 1}
+    cache.unlock(prefix.lock)
+
+
+def test_alloc_waits_for_loads_in_flight_on_a_slow_link():
+    """Found by the stateful test: a deferred load-back whose request has ended still pins
+    its pages until it lands; on a link that is only seen done when waited on, a later
+    `alloc` that comes up short must wait for it rather than refuse."""
+    cfg = hc.HiCacheConfig(device_pages=4, host_pages=6, write_policy="write_back", check_invariants=True,
+                           load_back_threshold=1)
+    cache, _ = faulty_cache(layout("tiny_gqa"), cfg, slow={"backup", "load"})
+    d = Driver(cache)
+    for blocks in ([0], [0, 0], [0], [1], [2, 1, 0], [0, 0]):
+        d.request(blocks, swa_every=True)
+    d.request([2, 1, 0], land="cache")          # every row moved at acquire: no landing, a load in flight
+    assert d.request([0, 0]) >= 0               # alloc short: waits for that load, then fits
+    cache.drain()
     cache.check_invariants()
 
 
