@@ -71,7 +71,8 @@ class HiCache:
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         self.tally = Tally()
         self._flights = Flights(layout, self.core, self.engine, self.tally, clock, config.transfer_timeout_s,
-                                on_acked=self._acked, pools=lambda: self._pools, set_pools=self._adopt)
+                                on_acked=self._acked, pools=lambda: self._pools,
+                                set_pools=self.set_device_pools)
         self._requested_tokens = 0
         self._storage = None
         if storage is not None or config.storage is not None:
@@ -122,11 +123,7 @@ class HiCache:
         self.engine.check_device_pools(pools)
         if landed is not None:
             self._flights.landed(landed, next(iter(pools.values())))
-        self._adopt(pools)
-
-    def _adopt(self, pools: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         self._pools = dict(pools)
-        return self._pools
 
     # -- read path -------------------------------------------------------------------------
     def match_prefix(self, tokens) -> MatchResult:
@@ -237,7 +234,7 @@ class HiCache:
         once more, so the answer does not depend on how fast the link is. The pages are the
         caller's until given to `insert` or `free`.
         """
-        need = self._need(pages, swa_pages)
+        need = validate.page_needs(self.core.anchor, self._swa, pages, swa_pages)
         device = self.core.ledger.allocators(Tier.DEVICE)
         if any(n > device[a].capacity - self.core.held_pages(a) for a, n in need.items()):
             return None     # more than every page not held by a request: waiting cannot help
@@ -247,15 +244,6 @@ class HiCache:
             got = self.core.alloc_device(need)
             self._flush_demotions()
         return self._checked(got)
-
-    def _need(self, pages: int, swa_pages: int, what: str = "pages") -> dict[str, int]:
-        need = {self.core.anchor: validate.count(what, pages)}
-        swa_pages = validate.count("swa_pages", swa_pages)
-        if self._swa is not None:
-            need[self._swa] = swa_pages
-        elif swa_pages:
-            raise ValueError(f"swa_pages={swa_pages} but this layout has no SWA pool")
-        return need
 
     def _land_backups(self, loads: bool = False) -> bool:
         """Dispatch queued backups and wait for all in flight (and the loads, when `loads`:
@@ -275,15 +263,7 @@ class HiCache:
     def insert(self, tokens, device_pages, swa_pages: Mapping[int, int] | None = None) -> InsertResult:
         """Register a request's computed pages (whole pages only); see `Inserter.insert`.
         `swa_pages`: {logical page: held SWA page} whose window data the tree should keep."""
-        return self._checked(self.core.insert(tokens, device_pages, self._windows(swa_pages)))
-
-    def _windows(self, swa_pages) -> dict[str, Mapping[int, int]] | None:
-        if swa_pages is None:
-            return None
-        swa_pages = validate.page_map("swa_pages", swa_pages)
-        if self._swa is None and swa_pages:
-            raise ValueError("swa_pages given, but this layout has no SWA pool")
-        return {self._swa: swa_pages} if self._swa is not None else None
+        return self._checked(self.core.insert(tokens, device_pages, validate.windows(self._swa, swa_pages)))
 
     def retract(self, tokens, device_pages, swa_pages: Mapping[int, int] | None = None) -> int:
         """A request leaves mid-flight: keep its whole pages, free the rest; return the
@@ -295,7 +275,7 @@ class HiCache:
         whole = len(tokens) // self.layout.page_size
         swa = validate.page_map("swa_pages", swa_pages)
         keep = {k: v for k, v in swa.items() if k < whole}
-        res = self.core.insert(tokens[: whole * self.layout.page_size], pages[:whole], self._windows(keep))
+        res = self.core.insert(tokens[: whole * self.layout.page_size], pages[:whole], validate.windows(self._swa, keep))
         if pages.size > whole:
             self.core.free_device(self.core.anchor, pages[whole:])
         extra = [v for k, v in swa.items() if k >= whole]
@@ -320,7 +300,8 @@ class HiCache:
         recently used first (locked prefixes never): backed-up pages stay on the host,
         unbacked ones are backed up first under write-back, else dropped and counted.
         Returns what was freed (less when too little is evictable)."""
-        res = self.core.evict_device(self._need(num_pages, swa_pages, "num_pages"))
+        res = self.core.evict_device(validate.page_needs(self.core.anchor, self._swa, num_pages, swa_pages,
+                                                         "num_pages"))
         self._flush_demotions()
         return self._checked(res)
 

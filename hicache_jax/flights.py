@@ -47,7 +47,7 @@ class Flights:
     def __init__(self, layout: PoolLayout, core: TreeCore, engine: TransferEngine, tally: Tally,
                  clock: Callable[[], float], timeout_s: float, on_acked: Callable[[list[NodeId]], None],
                  pools: Callable[[], Mapping[str, jax.Array]],
-                 set_pools: Callable[[Mapping[str, jax.Array]], Mapping[str, jax.Array]]):
+                 set_pools: Callable[[Mapping[str, jax.Array]], None]):
         self._layout, self._core, self._engine, self._tally = layout, core, engine, tally
         self._clock, self._timeout_s, self._on_acked, self._pools = clock, timeout_s, on_acked, pools
         self._set_pools = set_pools
@@ -86,7 +86,7 @@ class Flights:
         """The `Landing` a deferred load left to a model step, while no step has landed it."""
         flight = self._flights.get(tid)
         return None if flight is None else next((h.landing for h in flight.handles
-                                                  if getattr(h, "landing", None) is not None), None)
+                                                  if _pending(h) is not None), None)
 
     def landed(self, landing, token: jax.Array) -> None:
         """A step's output `token` lands `landing`; ValueError if no load in flight waits for it
@@ -95,7 +95,7 @@ class Flights:
             return
         for flight in self._flights.values():
             for h in flight.handles:
-                if getattr(h, "landing", None) is landing:
+                if _pending(h) is landing:
                     h.landed(token)
                     self._tally.landings["step"] += 1
                     return
@@ -105,8 +105,9 @@ class Flights:
     def _land_now(self, flight: _Flight) -> None:
         """Land what no step took of a deferred load, before waiting for it."""
         for h in flight.handles:
-            if getattr(h, "landing", None) is not None:
-                pools = self._set_pools(self._engine.land(h.landing, self._pools()))
+            if _pending(h) is not None:
+                pools = self._engine.land(h.landing, self._pools())
+                self._set_pools(pools)
                 self._cache_landed.add(h.landing)
                 h.landed(next(iter(pools.values())))
                 self._tally.landings["cache"] += 1
@@ -153,7 +154,7 @@ class Flights:
         piece raised, its other pieces must stop writing into pages the failure path frees."""
         for h in flight.handles:
             try:
-                if getattr(h, "landing", None) is None:
+                if _pending(h) is None:
                     h.wait()
             except Exception:
                 pass
@@ -175,7 +176,7 @@ class Flights:
             else:
                 done = flight.landed()
             # a deferred load waits for the loop's step as long as it takes: never timed out
-            busy = any(not h.done() and getattr(h, "landing", None) is None for h in flight.handles) \
+            busy = any(not h.done() and _pending(h) is None for h in flight.handles) \
                 if not done else False
             if busy and self._clock() - flight.last_dispatch > self._timeout_s:
                 cause = FailureCause.TIMEOUT
@@ -205,3 +206,8 @@ class Flights:
         self._tally.failures[(tid.direction.value, cause.value)] += 1
         if tid.direction is Direction.LOAD and cause is not FailureCause.START:
             self._failed_loads.add(tid.number)
+
+
+def _pending(handle) -> object | None:
+    """A handle's landing no step has landed yet (stand-in handles have none)."""
+    return getattr(handle, "landing", None)

@@ -62,6 +62,28 @@ def page_map(name: str, mapping) -> dict[int, int]:
     return {count(f"{name} key", k): count(f"{name}[{k!r}]", v) for k, v in mapping.items()}
 
 
+def page_needs(anchor: str, swa: str | None, pages, swa_pages, what: str = "pages") -> dict[str, int]:
+    """`{allocator: pages}` of a request for `pages` anchor and `swa_pages` SWA pages (the
+    SWA entry present whenever the layout has an SWA allocator `swa`)."""
+    need = {anchor: count(what, pages)}
+    swa_pages = count("swa_pages", swa_pages)
+    if swa is not None:
+        need[swa] = swa_pages
+    elif swa_pages:
+        raise ValueError(f"swa_pages={swa_pages} but this layout has no SWA pool")
+    return need
+
+
+def windows(swa: str | None, swa_pages) -> dict[str, dict[int, int]] | None:
+    """`{swa: {logical page: SWA page}}` of an insert's `swa_pages` (None: not given)."""
+    if swa_pages is None:
+        return None
+    swa_pages = page_map("swa_pages", swa_pages)
+    if swa is None and swa_pages:
+        raise ValueError("swa_pages given, but this layout has no SWA pool")
+    return {swa: swa_pages} if swa is not None else None
+
+
 def _describe(values, arr: np.ndarray) -> str:
     if arr.dtype == object or arr.dtype.kind in "US":
         return repr(values)[:80]

@@ -162,7 +162,7 @@ class HostRowFormat:
         """(columns in the row, columns in the part) of the part's data, all ranks."""
         elems = [math.prod(s) for s in self.rank_page_shapes]
         starts = np.cumsum([0] + [p.num_layers * e for p, e in zip(self.pools, elems)])
-        src, dst, at = [], [], 0
+        src, dst = [], []
         for rank in range(self.ranks):
             at = rank * self.parts[part].rank_row_elems
             for i, first, n in self.parts[part].segments:

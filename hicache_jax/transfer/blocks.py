@@ -10,10 +10,12 @@ Python checks and dispatches; it costs a device copy of the block until it is un
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
 import jax
 import numpy as np
+from pallas_kernels import PAD
 
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
@@ -106,6 +108,37 @@ class HostBlocks:
         return "pieces", pieces
 
     @staticmethod
+    def defer(work, moves):
+        """Split a load's chunk moves (`start`'s `work`, `moves`): every whole host block it
+        moves (a chunk that is one block, or a piece that is a whole block) is left to a
+        model step; the rest moves now, its deferred staging rows masked (PAD). Returns
+        (work, moves, [(programs, pool names, block, device pages of its rows), ...])."""
+        deferred, kept_work, kept_moves = [], [], []
+        for (progs, parts), chunk_moves in zip(work, moves):
+            names = [s.name for s in progs.fmt.pools]
+            rest = []
+            for part, (kind, payload) in zip(parts, chunk_moves):
+                if kind == "block":
+                    deferred.append((progs, names, payload, part.device_pages))
+                    continue
+                if progs.broadcast_load:        # replicated pools on a mesh: staged rows only
+                    rest.append((part, (kind, payload)))
+                    continue
+                pages, now = part.device_pages.copy(), []
+                for array, row, k, dst in payload:
+                    if row == 0 and block_rows(array) == 1 << k:
+                        deferred.append((progs, names, array, pages[dst:dst + (1 << k)].copy()))
+                        pages[dst:dst + (1 << k)] = PAD
+                    else:
+                        now.append((array, row, k, dst))
+                if now:
+                    rest.append((dataclasses.replace(part, device_pages=pages), ("pieces", now)))
+            if rest:
+                kept_work.append((progs, [part for part, _ in rest]))
+                kept_moves.append([move for _, move in rest])
+        return kept_work, kept_moves, deferred
+
+    @staticmethod
     def load_keys(progs: AllocatorPrograms, part: chunking.Chunk, move) -> list[tuple]:
         """Program keys a load chunk moving by `move` needs."""
         kind, payload = move
@@ -129,8 +162,25 @@ class HostBlocks:
                 at += n
         return out
 
+    def checked_pages(self, progs: AllocatorPrograms, host_pages) -> np.ndarray:
+        """`host_pages` as i64, or ValueError unless they are integers in the allocator's tier."""
+        pages, allocator = np.asarray(host_pages), progs.fmt.allocator
+        limit = self.host.pages[allocator]
+        if (pages.ndim != 1 or not (np.issubdtype(pages.dtype, np.integer) or pages.size == 0)
+                or pages.dtype == np.bool_ or (pages.size and (pages.min() < 0 or pages.max() >= limit))):
+            raise ValueError(f"host pages {pages.tolist()!r} of {allocator!r}: integers outside 0..{limit - 1}")
+        return pages.astype(np.int64)
+
     def write_rows(self, progs: AllocatorPrograms, pages: np.ndarray, rows: np.ndarray) -> None:
-        table = self.host.tables[progs.fmt.allocator]
+        """Host rows `pages` (checked) become `rows`; ValueError for rows of the wrong shape
+        or dtype, or a page named twice, before anything changes."""
+        allocator = progs.fmt.allocator
+        if rows.shape != (pages.size, progs.fmt.row_elems) or rows.dtype != progs.dtype:
+            raise ValueError(f"rows for {pages.size} host pages of {allocator!r} must be "
+                             f"{progs.dtype}[{pages.size}, {progs.fmt.row_elems}], got {rows.dtype}{list(rows.shape)}")
+        if np.unique(pages).size != pages.size:
+            raise ValueError(f"host pages {pages.tolist()!r} of {allocator!r} name a page twice")
+        table = self.host.tables[allocator]
         table.release(pages)
         self.make_room(progs, pages.size)
         parts = progs.fmt.to_parts(rows)

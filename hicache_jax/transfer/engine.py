@@ -21,7 +21,6 @@ compiling once its shapes were seen (`warmup` compiles the common ones ahead).
 """
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import time
@@ -31,7 +30,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-import pallas_kernels as pk
 from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
@@ -42,7 +40,7 @@ from hicache_jax.transfer.blocks import EARLY_COPY_BYTES, HostBlocks
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.plan_check import check_plan
-from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program
+from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program, resolve_kernels
 
 log = logging.getLogger("hicache_jax.transfer")
 
@@ -81,7 +79,7 @@ class TransferEngine:
         self.devices = Devices.create(mesh)
         self._device = DevicePools(layout, device_pages, self.devices)
         host_counts = checked_page_counts(layout, host_pages, "host_pages")
-        self.kernels = _resolve_kernels(kernels, self.devices.device, layout)
+        self.kernels = resolve_kernels(kernels, self.devices.device, layout)
         chunk_pages = {}
         for a in self._device.pages:  # before the host tier is allocated: fail fast
             row_bytes = HostRowFormat.create(layout, a, self.devices).rank_row_bytes
@@ -155,7 +153,10 @@ class TransferEngine:
                                      for progs, parts in work]
         landing = None
         if deferred:
-            work, moves, landing = self._defer(work, moves)
+            work, moves, deferred = self._blocks.defer(work, moves)
+            landing = Landing.create([(progs, names, block, jax.device_put(pages, progs.home))
+                                      for progs, names, block, pages in deferred],
+                                     self._needed, self.layer_groups) if deferred else None
         whole = None if deferred else self._whole_plan(work, moves)
         if whole is not None:
             self._plan_programs.compiled(backup, whole)
@@ -196,37 +197,6 @@ class TransferEngine:
         if not isinstance(landing, Landing):
             raise ValueError(f"land takes a Landing, got {type(landing).__name__}")
         return self._land_all(dict(pools), landing)
-
-    def _defer(self, work, moves):
-        """Split a load: every whole host block it moves (a chunk that is one block, or a
-        piece of a chunk that is a whole block) goes to a `Landing`; the rest stays to be
-        moved now, its deferred rows masked (PAD). Returns (work, moves, landing or None)."""
-        deferred, kept_work, kept_moves = [], [], []
-        for (progs, parts), chunk_moves in zip(work, moves):
-            names = [s.name for s in progs.fmt.pools]
-            rest = []
-            for part, (kind, payload) in zip(parts, chunk_moves):
-                if kind == "block":
-                    deferred.append((progs, names, payload, part.device_pages))
-                    continue
-                if progs.broadcast_load:        # replicated pools on a mesh: staged rows only
-                    rest.append((part, (kind, payload)))
-                    continue
-                pages, now = part.device_pages.copy(), []
-                for array, row, k, dst in payload:
-                    if row == 0 and block_rows(array) == 1 << k:
-                        deferred.append((progs, names, array, pages[dst:dst + (1 << k)].copy()))
-                        pages[dst:dst + (1 << k)] = pk.PAD
-                    else:
-                        now.append((array, row, k, dst))
-                if now:
-                    rest.append((dataclasses.replace(part, device_pages=pages), ("pieces", now)))
-            if rest:
-                kept_work.append((progs, [part for part, _ in rest]))
-                kept_moves.append([move for _, move in rest])
-        chunks = [(progs, names, block, jax.device_put(pages, progs.home)) for progs, names, block, pages in deferred]
-        landing = Landing.create(chunks, self._needed, self.layer_groups) if chunks else None
-        return kept_work, kept_moves, landing
 
     def warmup(self, max_pages: int | None = None) -> int:
         """Compile ahead of use every program a chunk of up to `max_pages` pages (default:
@@ -278,18 +248,13 @@ class TransferEngine:
     def read_host_rows(self, allocator: str, host_pages) -> np.ndarray:
         """A copy of host rows `host_pages` of `allocator`: `[n, row_elems]` in the packed row
         format (`self.host.formats[allocator]`, all ranks). Blocks."""
-        return self._blocks.read_rows(self._allocator(allocator), self._host_pages(allocator, host_pages))
+        progs = self._allocator(allocator)
+        return self._blocks.read_rows(progs, self._blocks.checked_pages(progs, host_pages))
 
     def write_host_rows(self, allocator: str, host_pages, rows: np.ndarray) -> None:
         """Overwrite host rows `host_pages` of `allocator` with `rows` (`[n, row_elems]`, packed)."""
-        progs, pages = self._allocator(allocator), self._host_pages(allocator, host_pages)
-        rows = np.asarray(rows)
-        if rows.shape != (pages.size, progs.fmt.row_elems) or rows.dtype != progs.dtype:
-            raise ValueError(f"rows for {pages.size} host pages of {allocator!r} must be "
-                             f"{progs.dtype}[{pages.size}, {progs.fmt.row_elems}], got {rows.dtype}{list(rows.shape)}")
-        if np.unique(pages).size != pages.size:
-            raise ValueError(f"host pages {pages.tolist()!r} of {allocator!r} name a page twice")
-        self._blocks.write_rows(progs, pages, rows)
+        progs = self._allocator(allocator)
+        self._blocks.write_rows(progs, self._blocks.checked_pages(progs, host_pages), np.asarray(rows))
 
     def prefetch(self, allocator: str, num_pages: int, host_pages) -> bool:
         """Start copying host pages to the device ahead of their load (see `HostBlocks.prefetch`)."""
@@ -417,31 +382,6 @@ class TransferEngine:
         if allocator not in self._programs:
             raise ValueError(f"allocator {allocator!r} has no host pool here (allocators with bytes: {sorted(self._programs)})")
         return self._programs[allocator]
-
-    def _host_pages(self, allocator: str, host_pages) -> np.ndarray:
-        pages = np.asarray(host_pages)
-        limit = self.host.pages[allocator]
-        if (pages.ndim != 1 or not (np.issubdtype(pages.dtype, np.integer) or pages.size == 0)
-                or pages.dtype == np.bool_ or (pages.size and (pages.min() < 0 or pages.max() >= limit))):
-            raise ValueError(f"host pages {np.asarray(host_pages).tolist()!r} of {allocator!r}: integers outside "
-                             f"0..{limit - 1}")
-        return pages.astype(np.int64)
-
-
-def _resolve_kernels(kernels: str, device: jax.Device, layout: PoolLayout) -> str:
-    """The implementation name the programs use (never "auto")."""
-    if kernels not in pk.IMPLS:
-        raise ValueError(f"kernels must be one of {', '.join(pk.IMPLS)}; got {kernels!r}")
-    backend, _ = pk.resolve(kernels, device)
-    chosen = backend if kernels == "auto" else kernels
-    granule = pk.GRANULE_BYTES.get(backend)
-    odd = sorted(p.name for p in layout.pools if granule and p.page_bytes % granule)
-    if odd and kernels == "auto":
-        log.info("page kernels: reference (pools %s have pages that are not multiples of %d B)", odd, granule)
-        return "reference"
-    if odd:
-        raise ValueError(f"kernels={kernels!r} move multiples of {granule} B; pools {odd} have other page sizes")
-    return chosen
 
 
 def _pow2_upto(n: int) -> list[int]:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import enum
 import functools
 import itertools
+import logging
 from collections.abc import Callable
 
 import jax
@@ -46,6 +47,7 @@ from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, HostRowFormat
 from hicache_jax.transfer.host_check import host_compute_violations
 
 _DEVICE = jax.memory.Space.Device
+log = logging.getLogger("hicache_jax.transfer")
 
 
 class Program(enum.StrEnum):
@@ -256,6 +258,23 @@ class PlanPrograms:
     def labelled(self) -> dict[str, jax.stages.Compiled]:
         """Every plan program compiled so far, by label."""
         return {self._labels[key]: program for key, program in self._cache.items()}
+
+
+def resolve_kernels(kernels: str, device: jax.Device, layout) -> str:
+    """The implementation name the programs of `layout` use on `device` (never "auto");
+    ValueError when the chosen kernels cannot move its pages (under "auto": the reference)."""
+    if kernels not in pk.IMPLS:
+        raise ValueError(f"kernels must be one of {', '.join(pk.IMPLS)}; got {kernels!r}")
+    backend, _ = pk.resolve(kernels, device)
+    chosen = backend if kernels == "auto" else kernels
+    granule = pk.GRANULE_BYTES.get(backend)
+    odd = sorted(p.name for p in layout.pools if granule and p.page_bytes % granule)
+    if odd and kernels == "auto":
+        log.info("page kernels: reference (pools %s have pages that are not multiples of %d B)", odd, granule)
+        return "reference"
+    if odd:
+        raise ValueError(f"kernels={kernels!r} move multiples of {granule} B; pools {odd} have other page sizes")
+    return chosen
 
 
 def _block_rows(block, start, size: int):
