@@ -170,12 +170,14 @@ def main():
     ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash")
     ap.add_argument("--pages", default="1,16,256,4096")
     ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--small-rounds", type=int, default=30,
+                    help="rounds for prefixes of at most 16 pages (fast, and noisier than the large ones)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, 1 and 4 pages, 2 rounds: CPU, seconds")
     ap.add_argument("--out", default="bench_api.json")
     args = ap.parse_args()
     if args.smoke:
-        args.configs, args.pages, args.rounds = "tiny_v4", "1,4", 2
+        args.configs, args.pages, args.rounds, args.small_rounds = "tiny_v4", "1,4", 2, 2
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]), "runs": []}
     print(f"{'config':20} {'pages':>5} {'MB':>8} {'acquire ms':>10} {'ratio':>6} {'load+wait ms':>12} {'ratio':>6} "
           f"{'contiguous ms':>13} exact")
@@ -184,7 +186,7 @@ def main():
         cache = make_cache(config, max(sizes))
         breakdown = Breakdown(cache)
         for pages in sizes:
-            r = run(cache, pages, args.rounds, args.seed, breakdown)
+            r = run(cache, pages, args.small_rounds if pages <= 16 else args.rounds, args.seed, breakdown)
             result["runs"].append(r)
             print(f"{r['config']:20} {pages:>5} {r['bytes'] / 1e6:>8.1f} {r['acquire']['ms']:>10.3f} "
                   f"{r['acquire']['ratio']:>6.3f} {r['load_back']['ms']:>12.3f} {r['load_back']['ratio']:>6.3f} "

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -49,7 +50,7 @@ class PageBatch:
     host_pages: np.ndarray        # i32[n], unique, ascending, in [0, host page count)
     host_runs: tuple[HostRun, ...]
 
-    @property
+    @functools.cached_property
     def num_pages(self) -> int:
         return int(self.device_pages.shape[0])
 
@@ -121,7 +122,7 @@ def make_plan(
     (the tree, whose ledger hands out each page once) takes i32 arrays as they are and
     leaves the page checks to the engine, which makes them before anything moves.
     """
-    direction = Direction(direction)
+    direction = direction if isinstance(direction, Direction) else Direction(direction)
     batches = []
     for allocator in sorted(pages):
         spec = _allocator_spec(layout, allocator)
@@ -129,11 +130,12 @@ def make_plan(
             dev = _as_pages(pages[allocator][0], f"{allocator} device pages")
             host = _as_pages(pages[allocator][1], f"{allocator} host pages")
         else:
-            dev, host = (np.asarray(a, np.int32) for a in pages[allocator])
+            dev, host = np.asarray(pages[allocator][0], np.int32), np.asarray(pages[allocator][1], np.int32)
         if dev.shape != host.shape:
             raise ValueError(f"{allocator}: {dev.size} device pages but {host.size} host pages")
-        order = np.argsort(host, kind="stable")
-        dev, host = dev[order], host[order]
+        if host.size > 1:   # ascending host pages (one page needs no sort)
+            order = np.argsort(host, kind="stable")
+            dev, host = dev[order], host[order]
         if validate:
             _check_unique_in_range(np.sort(dev), f"{allocator} device pages", (device_capacity or {}).get(allocator))
             _check_unique_in_range(host, f"{allocator} host pages", (host_capacity or {}).get(allocator))

@@ -54,14 +54,13 @@ class PageAllocator:
         fit = [length for length in self._by_len if length >= need]
         if fit:
             start = self._take_from(min(fit), need)
-            out.append(np.arange(start, start + need, dtype=np.int32))
-        else:
-            while need:
-                length = max(self._by_len)
-                take = min(length, need)
-                start = self._take_from(length, take)
-                out.append(np.arange(start, start + take, dtype=np.int32))
-                need -= take
+            return np.arange(start, start + need, dtype=np.int32)
+        while need:
+            length = max(self._by_len)
+            take = min(length, need)
+            start = self._take_from(length, take)
+            out.append(np.arange(start, start + take, dtype=np.int32))
+            need -= take
         return np.concatenate(out) if out else np.zeros((0,), np.int32)
 
     def free(self, pages: Iterable[int]) -> None:

@@ -9,6 +9,7 @@ allocator names the bytes of every pool that follows it.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 from hicache_jax.config import ModelConfig
@@ -39,28 +40,28 @@ class PoolSpec:
     shard_axis: int | None = None     # axis of page_shape split across TP ranks
     ratio: int = 1                    # source tokens per row (kv sidecars)
 
-    @property
+    @functools.cached_property
     def num_layers(self) -> int:
         return len(self.layers)
 
-    @property
+    @functools.cached_property
     def page_bytes(self) -> int:
         """Bytes of one page of one layer (whole pool, all TP ranks together)."""
         return math.prod(self.page_shape) * _ITEMSIZE[self.dtype] if self.page_shape else 0
 
-    @property
+    @functools.cached_property
     def itemsize(self) -> int:
         return _ITEMSIZE[self.dtype]
 
-    @property
+    @functools.cached_property
     def holds_bytes(self) -> bool:
         return self.kind is not PoolKind.ANCHOR
 
-    @property
+    @functools.cached_property
     def has_allocator(self) -> bool:
         return self.kind in (PoolKind.ANCHOR, PoolKind.INDEPENDENT)
 
-    @property
+    @functools.cached_property
     def allocator(self) -> str:
         """The pool whose page allocator indexes this pool."""
         return self.index_source if self.index_source is not None else self.name
@@ -103,7 +104,7 @@ class PoolLayout:
     pools: tuple[PoolSpec, ...]
     layers: tuple[LayerInfo, ...]
 
-    @property
+    @functools.cached_property
     def page_size(self) -> int:
         return self.model.page_size
 
@@ -111,20 +112,27 @@ class PoolLayout:
     def sliding_window(self) -> int | None:
         return self.model.sliding_window
 
+    @functools.cached_property
+    def _by_name(self) -> dict[str, PoolSpec]:
+        return {p.name: p for p in self.pools}
+
     def pool(self, name: str) -> PoolSpec:
-        for p in self.pools:
-            if p.name == name:
-                return p
-        raise KeyError(f"no pool {name!r} in this layout (pools: {[p.name for p in self.pools]})")
+        try:
+            return self._by_name[name]
+        except (KeyError, TypeError):
+            raise KeyError(f"no pool {name!r} in this layout (pools: {[p.name for p in self.pools]})") from None
 
     def has_pool(self, name: str) -> bool:
-        return any(p.name == name for p in self.pools)
+        try:
+            return name in self._by_name
+        except TypeError:
+            return False
 
-    @property
+    @functools.cached_property
     def anchor(self) -> PoolSpec:
         return self.pools[0]
 
-    @property
+    @functools.cached_property
     def allocator_pools(self) -> tuple[PoolSpec, ...]:
         """Pools that own a page allocator (anchor + independent), sorted by name.
 
@@ -134,13 +142,21 @@ class PoolLayout:
 
     def moving_with(self, allocator: str) -> tuple[PoolSpec, ...]:
         """Pools that hold bytes and are addressed by `allocator`'s pages, in registration order."""
-        return tuple(p for p in self.pools if p.holds_bytes and p.allocator == allocator)
+        try:
+            return self._moving[allocator]
+        except (KeyError, TypeError):
+            return ()
 
-    @property
+    @functools.cached_property
+    def _moving(self) -> dict[str, tuple[PoolSpec, ...]]:
+        return {a.name: tuple(p for p in self.pools if p.holds_bytes and p.allocator == a.name)
+                for a in self.pools}
+
+    @functools.cached_property
     def byte_pools(self) -> tuple[PoolSpec, ...]:
         return tuple(p for p in self.pools if p.holds_bytes)
 
-    @property
+    @functools.cached_property
     def swa_pool(self) -> PoolSpec | None:
         return next((p for p in self.pools if p.kind is PoolKind.INDEPENDENT), None)
 

@@ -26,6 +26,7 @@ in (L3 storage, snapshots); `to_parts` / `from_parts` convert. One group: one pa
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping
 
@@ -88,33 +89,33 @@ class HostRowFormat:
                                      pk.padded_elems(data, jnp.dtype(dtype).itemsize, ROW_ALIGN_BYTES)))
         return cls(allocator, pools, dtype, ranks, shapes, tuple(parts))
 
-    @property
+    @functools.cached_property
     def sharded(self) -> bool:
         return self.ranks > 1
 
-    @property
+    @functools.cached_property
     def itemsize(self) -> int:
         return jnp.dtype(self.dtype).itemsize
 
-    @property
+    @functools.cached_property
     def rank_data_elems(self) -> int:
         """Elements of one rank's pages in a row, before the padding."""
         return sum(p.num_layers * math.prod(s) for p, s in zip(self.pools, self.rank_page_shapes))
 
-    @property
+    @functools.cached_property
     def rank_row_elems(self) -> int:
         return pk.padded_elems(self.rank_data_elems, self.itemsize, ROW_ALIGN_BYTES)
 
-    @property
+    @functools.cached_property
     def row_elems(self) -> int:
         return self.ranks * self.rank_row_elems
 
-    @property
+    @functools.cached_property
     def row_bytes(self) -> int:
         """Bytes of one host row (all ranks): the allocator's page over every pool and layer."""
         return self.row_elems * self.itemsize
 
-    @property
+    @functools.cached_property
     def rank_row_bytes(self) -> int:
         return self.rank_row_elems * self.itemsize
 
@@ -122,12 +123,12 @@ class HostRowFormat:
         """Elements of one stored part of a row (all ranks)."""
         return self.ranks * self.parts[part].rank_row_elems
 
-    @property
+    @functools.cached_property
     def stored_row_bytes(self) -> int:
         """Bytes the host tier stores per page: its parts, each padded."""
         return sum(self.part_elems(i) for i in range(len(self.parts))) * self.itemsize
 
-    @property
+    @functools.cached_property
     def whole(self) -> bool:
         """One part, exactly the row."""
         return len(self.parts) == 1 and self.parts[0].rank_row_elems == self.rank_row_elems

@@ -188,6 +188,8 @@ class TransferEngine:
                     tokens += self._load(progs, parts, chunk_moves, out)
         except Exception as e:  # dispatch failed mid-way: the handle reports it
             error = e
+        if not backup and error is None:
+            self._device.made(out)
         return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error, landing)
 
     def land(self, landing: Landing, pools: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
@@ -196,7 +198,9 @@ class TransferEngine:
         self._device.check(pools)
         if not isinstance(landing, Landing):
             raise ValueError(f"land takes a Landing, got {type(landing).__name__}")
-        return self._land_all(dict(pools), landing)
+        out = self._land_all(dict(pools), landing)
+        self._device.made(out)
+        return out
 
     def warmup(self, max_pages: int | None = None) -> int:
         """Compile ahead of use every program a chunk of up to `max_pages` pages (default:

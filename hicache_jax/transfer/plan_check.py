@@ -58,7 +58,8 @@ def _check_runs(batch: PageBatch, host: np.ndarray) -> None:
     """`host_runs` tile 0..n-1 in order and each names consecutive host pages."""
     if len(batch.host_runs) == 1:          # the common case, without building arrays
         run = batch.host_runs[0]
-        if run.offset == 0 and run.length == host.size and host[0] == run.host_start and (np.diff(host) == 1).all():
+        if run.offset == 0 and run.length == host.size and host[0] == run.host_start and (
+                host.size == 1 or (np.diff(host) == 1).all()):
             return
     runs = np.array([(r.offset, r.host_start, r.length) for r in batch.host_runs], np.int64).reshape(-1, 3)
     offsets, starts, lengths = runs[:, 0], runs[:, 1], runs[:, 2]
@@ -77,12 +78,16 @@ def _check_runs(batch: PageBatch, host: np.ndarray) -> None:
 
 def _pages(values, what: str) -> np.ndarray:
     arr = np.asarray(values)
-    if arr.ndim != 1 or (arr.size and not np.issubdtype(arr.dtype, np.integer)):
+    if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
         raise ValueError(f"{what} must be a 1-D integer array, got {arr.dtype}{list(arr.shape)}")
-    return arr.astype(np.int64, copy=False)
+    return arr if arr.dtype == np.int32 else arr.astype(np.int64)
 
 
 def _unique_in_range(arr: np.ndarray, capacity: int, what: str) -> None:
+    if arr.size <= 64:   # a small load: Python sets and ints beat numpy's reductions here
+        pages = arr.tolist()
+        if min(pages) >= 0 and max(pages) < capacity and len(set(pages)) == len(pages):
+            return
     if arr.min() < 0 or arr.max() >= capacity:
         bad = arr[(arr < 0) | (arr >= capacity)]
         raise ValueError(f"{what} {bad[:8].tolist()} outside 0..{capacity - 1}")

@@ -112,7 +112,9 @@ class Matcher:
         trailing window, oldest first)."""
         if not chain:
             return _EMPTY, {c.name: _EMPTY for c in self._windows} if self._windows else {}
-        dev = np.concatenate([n.pages[DEVICE][0] for n in chain]).astype(np.int32, copy=False)
+        # a copy either way: callers get these arrays and must not reach the nodes' own
+        dev = chain[0].pages[DEVICE][0].astype(np.int32) if len(chain) == 1 else \
+            np.concatenate([n.pages[DEVICE][0] for n in chain]).astype(np.int32, copy=False)
         windows = {}
         for c in self._windows:
             want = min(c.window_pages, dev.size)
@@ -122,10 +124,10 @@ class Matcher:
                 need = want - len(got)
                 if need <= 0:
                     break
-            arr = np.asarray(got[-want:], np.int32) if want else _EMPTY
-            if np.any(arr == ABSENT):
-                raise TreeStateError(f"bug: matched window of {chain[-1]} lacks {c.name} device pages: {arr.tolist()}")
-            windows[c.name] = arr
+            got = got[-want:] if want else []
+            if ABSENT in got:
+                raise TreeStateError(f"bug: matched window of {chain[-1]} lacks {c.name} device pages: {got}")
+            windows[c.name] = np.asarray(got, np.int32) if got else _EMPTY
         return dev, windows
 
 

@@ -67,6 +67,23 @@ def test_a_landed_load_back_stays_pinned_until_released(name, pressure):
         c.unlock(lb.lock)                            # released once, not twice
 
 
+@pytest.mark.parametrize("blocks", [(0,), (0, 1)])
+def test_the_pages_a_hit_returns_are_the_callers_own_arrays(blocks):
+    """Writing into a prefix's page arrays cannot reach the tree's own."""
+    c, d = on_host_only("tiny_v4", blocks)
+    p = c.acquire(prompt(blocks))
+    assert p.length == len(blocks) * P
+    pages, swa = p.device_pages.copy(), p.swa_pages.copy()
+    p.device_pages[:] = 3
+    p.swa_pages[:] = 3
+    c.check_invariants()
+    m = c.match_prefix(prompt(blocks))
+    np.testing.assert_array_equal(m.device_pages, pages)
+    np.testing.assert_array_equal(m.swa_pages, swa)
+    d.verify(list(blocks), pages, swa)
+    c.unlock(p.lock)
+
+
 def test_a_failed_load_keeps_its_lock_until_released():
     from faults import faulty_cache
     c, faulty = faulty_cache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=4, host_pages=8, check_invariants=True))

@@ -85,6 +85,30 @@ def test_check_device_pools_names_the_pool_and_the_problem(v4):
         engine.check_device_pools(dead)
 
 
+def test_pools_a_load_returned_are_checked_again_when_they_come_back(v4):
+    """The engine trusts its own programs' outputs (placed by construction), but a deleted
+    one, a swapped one or a changed mapping is still refused."""
+    layout, engine = v4
+    pools = engine.init_device_pools()
+    pools, h = engine.start(make_plan(layout, "backup", {"kv": ([0], [0]), "swa": ([0], [0])}), pools)
+    h.wait()
+    load = make_plan(layout, "load", {"kv": ([1], [0]), "swa": ([1], [0])})
+    pools, h = engine.start(load, pools)
+    h.wait()
+    engine.check_device_pools(pools)
+    c4 = "deepseek_v4_c4"
+    for bad, message in [({**pools, c4: pools[c4][:, :4]}, "has shape"),
+                         ({k: v for k, v in pools.items() if k != c4}, "lack"),
+                         ({**pools, "extra": pools[c4]}, "unexpected")]:
+        with pytest.raises(ValueError, match=message):
+            engine.check_device_pools(bad)
+    pools[c4].delete()
+    with pytest.raises(ValueError, match="deleted"):
+        engine.check_device_pools(pools)
+    with pytest.raises(ValueError, match="deleted"):
+        engine.start(load, pools)
+
+
 def test_constructor_rejects_impossible_configurations():
     layout = layout_of("tiny_v4")
     with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):
