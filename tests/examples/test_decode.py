@@ -12,9 +12,10 @@ SMALL = ["--requests", "8", "--turns", "2", "--gen-tokens", "6", "--preempt-ever
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["tiny_v4", "tiny_v41", "tiny_gqa"])
-@pytest.mark.parametrize("policy", ["write_through", "write_back"])
+@pytest.mark.parametrize("config,policy", [("tiny_v4", "write_through"), ("tiny_v4", "write_back"),
+                                           ("tiny_v41", "write_back"), ("tiny_gqa", "write_through")])
 def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path):
+    """Every model and every write policy (the policy's own paths are the cache tests')."""
     metrics = tmp_path / "metrics.prom"
     code = decode.main(["--config", str(CONFIGS / f"{config}.json"), "--write-policy", policy,
                         "--metrics-out", str(metrics), *SMALL])

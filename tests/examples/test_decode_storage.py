@@ -1,6 +1,6 @@
 """Warm starts across processes. The decode example over a storage tier: a second process
 with the same `--storage` serves the first one's prefixes from L3, bit-identical
-(tensorstore on a directory and Mooncake Store on loopback, every tiny model); the store
+(tensorstore on a directory and Mooncake Store on loopback); the store
 is the only thing the two processes share. And a snapshot written by one process warms
 the host tier of a new one."""
 import json
@@ -35,7 +35,7 @@ def check_second_run_hits(config: str, storage: str) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["tiny_v4", "tiny_v41", "tiny_gqa"])
+@pytest.mark.parametrize("config", ["tiny_v41", "tiny_gqa"])   # tiny_v41 has every pool kind tiny_v4 has
 def test_a_second_process_serves_from_a_tensorstore_directory(config, tmp_path):
     check_second_run_hits(config, f"file://{tmp_path / 'store'}")
 
@@ -43,10 +43,10 @@ def test_a_second_process_serves_from_a_tensorstore_directory(config, tmp_path):
 @pytest.mark.slow
 @needs_mooncake
 def test_a_second_process_serves_from_mooncake(tmp_path):
+    """The backend, on the model with the most pools (the models are covered above)."""
     server = start_mooncake(tmp_path)
     try:
-        for config in ("tiny_v4", "tiny_v41", "tiny_gqa"):
-            check_second_run_hits(config, server.url)
+        check_second_run_hits("tiny_v41", server.url)
     finally:
         server.stop()
 
