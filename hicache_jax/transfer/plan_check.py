@@ -84,7 +84,7 @@ def _pages(values, what: str) -> np.ndarray:
 
 
 def _unique_in_range(arr: np.ndarray, capacity: int, what: str) -> None:
-    if arr.size <= 64:   # a small load: Python sets and ints beat numpy's reductions here
+    if 0 < arr.size <= 64:   # a small load: Python sets and ints beat numpy's reductions here
         pages = arr.tolist()
         if min(pages) >= 0 and max(pages) < capacity and len(set(pages)) == len(pages):
             return
