@@ -66,7 +66,8 @@ class HiCache:
                              prefetch_share=config.storage_prefetch_share)
         self.engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, max_staging_bytes=config.max_staging_bytes,
-            host_memory_limit_bytes=config.host_limit_bytes(), layer_groups=config.layer_groups)
+            host_memory_limit_bytes=config.host_limit_bytes(), layer_groups=config.layer_groups,
+            max_deferred_blocks=config.max_deferred_blocks)
         self._pools = self.engine.init_device_pools()
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         self.tally = Tally()
@@ -139,7 +140,7 @@ class HiCache:
 
         Refused (the caller recomputes) below the threshold, when the cost model says
         recomputing is faster, when another load owns a node, or without device space.
-        `deferred`: leave the whole host blocks to the model's next step (`LoadBack.landing`).
+        `deferred`: leave its largest whole host blocks to the model's next step (`LoadBack.landing`).
         """
         if not isinstance(match, MatchResult):
             raise ValueError(f"load_back takes a MatchResult, got {type(match).__name__}")
@@ -172,8 +173,8 @@ class HiCache:
         comes up short of device room or matches host copies they still write; a loop that
         serves other requests meanwhile uses `match_prefix` / `load_back` / `step` itself.
         A failed or refused load leaves the device part of the match, still pinned.
-        `deferred`: do not wait for the load; its whole host blocks go into the model's
-        next step (`Prefix.landing`, see `Landing`).
+        `deferred`: do not wait for the load; its largest whole host blocks go into the
+        model's next step (`Prefix.landing`, see `Landing`).
         """
         validate.flag("acquire's load_back", load_back)
         deferred = validate.flag("deferred", deferred)

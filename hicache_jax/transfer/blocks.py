@@ -17,6 +17,7 @@ import jax
 import numpy as np
 from pallas_kernels import PAD
 
+from hicache_jax import validate
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
 from hicache_jax.plan import Direction, TransferPlan
@@ -24,14 +25,17 @@ from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
 EARLY_COPY_BYTES = 16 << 20  # a one-block load chunk this large starts its copy before the checks
+DEFAULT_MAX_DEFERRED_BLOCKS = 2  # whole host blocks per allocator a deferred load leaves to the step
 
 
 class HostBlocks:
     """Block-level moves of one engine: `programs` by allocator over `host`'s blocks."""
 
-    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], early_copy_bytes: int):
+    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], early_copy_bytes: int,
+                 max_deferred: int = DEFAULT_MAX_DEFERRED_BLOCKS):
         self.host, self._programs = host, programs
         self.early_bytes = early_copy_bytes
+        self.max_deferred = validate.count("max_deferred_blocks", max_deferred, minimum=1)
         # by id(block): (block, device copy); holding the block keeps its id from being reused
         self._prefetched: dict[int, tuple[jax.Array, jax.Array]] = {}
 
@@ -107,26 +111,27 @@ class HostBlocks:
                     dst += n
         return "pieces", pieces
 
-    @staticmethod
-    def defer(work, moves):
-        """Split a load's chunk moves (`start`'s `work`, `moves`): every whole host block it
-        moves (a chunk that is one block, or a piece that is a whole block) is left to a
-        model step; the rest moves now, its deferred staging rows masked (PAD). Returns
-        (work, moves, [(programs, pool names, block, device pages of its rows), ...])."""
+    def defer(self, work, moves):
+        """Split a load's chunk moves (`start`'s `work`, `moves`): of the whole host blocks it
+        moves (a chunk that is one block, or a piece that is a whole block), the
+        `max_deferred` largest of each allocator are left to a model step; the rest moves
+        now, its deferred staging rows masked (PAD). Returns (work, moves, [(programs, pool
+        names, block, device pages of its rows), ...])."""
         deferred, kept_work, kept_moves = [], [], []
         for (progs, parts), chunk_moves in zip(work, moves):
             names = [s.name for s in progs.fmt.pools]
+            chosen = set() if progs.broadcast_load else _largest_blocks(chunk_moves, self.max_deferred)
             rest = []
-            for part, (kind, payload) in zip(parts, chunk_moves):
-                if kind == "block":
+            for c, (part, (kind, payload)) in enumerate(zip(parts, chunk_moves)):
+                if kind == "block" and (c, None) in chosen:
                     deferred.append((progs, names, payload, part.device_pages))
                     continue
-                if progs.broadcast_load:        # replicated pools on a mesh: staged rows only
+                if kind != "pieces":            # a block over the limit, or replicated pools on a mesh
                     rest.append((part, (kind, payload)))
                     continue
                 pages, now = part.device_pages.copy(), []
-                for array, row, k, dst in payload:
-                    if row == 0 and block_rows(array) == 1 << k:
+                for i, (array, row, k, dst) in enumerate(payload):
+                    if (c, i) in chosen:
                         deferred.append((progs, names, array, pages[dst:dst + (1 << k)].copy()))
                         pages[dst:dst + (1 << k)] = PAD
                     else:
@@ -236,3 +241,17 @@ def binary(n: int) -> list[tuple[int, int]]:
             out.append((offset, k))
             offset += 1 << k
     return out
+
+
+def _largest_blocks(chunk_moves, limit: int) -> set[tuple[int, int | None]]:
+    """The `limit` largest whole blocks among one allocator's chunk moves (the first of equal
+    ones): `(chunk, None)` for a chunk that is one block, `(chunk, piece)` for a piece that is."""
+    whole = []
+    for c, (kind, payload) in enumerate(chunk_moves):
+        if kind == "block":
+            whole.append((block_rows(payload), c, None))
+        elif kind == "pieces":
+            whole += [(1 << k, c, i) for i, (array, row, k, _) in enumerate(payload)
+                      if row == 0 and block_rows(array) == 1 << k]
+    whole.sort(key=lambda w: -w[0])    # stable: ties keep plan order
+    return {(c, i) for _, c, i in whole[:limit]}

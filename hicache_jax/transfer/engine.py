@@ -36,7 +36,7 @@ from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
 from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer import chunks as chunking
-from hicache_jax.transfer.blocks import EARLY_COPY_BYTES, HostBlocks
+from hicache_jax.transfer.blocks import DEFAULT_MAX_DEFERRED_BLOCKS, EARLY_COPY_BYTES, HostBlocks
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.plan_check import check_plan
@@ -68,12 +68,15 @@ class TransferEngine:
     backend's). A load batch that is one host block of at least `early_copy_bytes` starts
     its copy (`device_put`) before the plan is checked, so the copy engine works while the
     checks and the dispatch run; it holds a device copy of the block until it is unpacked.
+    A deferred load leaves at most `max_deferred_blocks` whole host blocks per allocator (the
+    largest) to the model's step: a step compiles once per landing shape, and this bounds them.
     """
 
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
                  host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
-                 block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES, layer_groups: int = 1):
+                 block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES, layer_groups: int = 1,
+                 max_deferred_blocks: int = DEFAULT_MAX_DEFERRED_BLOCKS):
         self.layout = layout
         self.layer_groups = groups.check_groups(layout, layer_groups)
         self.devices = Devices.create(mesh)
@@ -97,7 +100,7 @@ class TransferEngine:
             for a, fmt in self.host.formats.items()
         }
         self._plan_programs = PlanPrograms(self._programs)
-        self._blocks = HostBlocks(self.host, self._programs, early_copy_bytes)
+        self._blocks = HostBlocks(self.host, self._programs, early_copy_bytes, max_deferred_blocks)
         # one program per plan in the shapes of a prefix: any anchor chunk, the other
         # allocators up to the trailing window (`_whole_plan`, `_warm_plans`)
         self._plan_window = chunking.next_pow2(max(1, layout.window_pages()))
@@ -127,10 +130,10 @@ class TransferEngine:
         mapping that `check_device_pools` rejects. Errors after dispatch are raised by
         `handle.done()` / `handle.wait()`.
 
-        `deferred` (loads only): the whole host blocks the plan moves are not moved;
-        `handle.landing` hands them to the model's step (`transfer/landing.py`), and the
-        handle is not done until `handle.landed(token)`. Rows that are part of a larger
-        block (and replicated pools on a mesh) move now.
+        `deferred` (loads only): the largest whole host blocks the plan moves (at most
+        `max_deferred_blocks` per allocator) are not moved; `handle.landing` hands them to the
+        model's step (`transfer/landing.py`), and the handle is not done until
+        `handle.landed(token)`. The rest (replicated pools on a mesh too) moves now.
         """
         started = time.perf_counter()
         if not isinstance(deferred, bool):

@@ -29,12 +29,12 @@ class CacheMachine(RuleBasedStateMachine):
                 policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
                 slow=st.booleans(), device=st.integers(4, 6), host=st.integers(6, 24),
                 first=st.lists(PROMPT, min_size=2, max_size=5), paced=st.booleans(), early=st.booleans(),
-                groups=st.integers(1, 3))
-    def setup(self, name, policy, slow, device, host, first, paced, early, groups):
+                groups=st.integers(1, 3), deferred_blocks=st.integers(1, 3))
+    def setup(self, name, policy, slow, device, host, first, paced, early, groups, deferred_blocks):
         pace = LAYOUTS[name].page_bytes_of(LAYOUTS[name].anchor.name) if paced else None  # a page a step
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
                                load_back_threshold=1, backup_bytes_per_step=pace, layer_groups=groups,
-                               **self.storage_config())
+                               max_deferred_blocks=deferred_blocks, **self.storage_config())
         self.name, self.cfg, self.slow = name, cfg, {"backup", "load"} if slow else set()
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)

@@ -125,6 +125,9 @@ def test_constructor_rejects_impossible_configurations():
         TransferEngine(layout, {"kv": 8, "swa": 4, "deepseek_v4_c4": 3}, {"kv": 16, "swa": 8})
     with pytest.raises(ValueError, match="kernels"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, kernels="cuda")
+    for bad in (0, 1.0, "2"):
+        with pytest.raises(ValueError, match="max_deferred_blocks must be an integer >= 1"):
+            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, max_deferred_blocks=bad)
 
 
 def test_a_plan_that_does_not_fit_moves_nothing(v4):

@@ -9,16 +9,18 @@ import hicache_jax as hc
 from hicache_jax.layout import groups as layer_groups
 from hicache_jax.plan import make_plan
 from hicache_jax.transfer import Landing, TransferEngine, host_compute_violations
+from hicache_jax.transfer.blocks import _largest_blocks
 
 from conftest import CONFIGS
 
 
-def engine_for(name, groups, kernels="reference", tp=None):
+def engine_for(name, groups, kernels="reference", tp=None, max_deferred_blocks=3):
     layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
     allocators = [p.name for p in layout.allocator_pools if layout.moving_with(p.name)]
     mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
     return layout, allocators, TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators},
-                                              mesh=mesh, kernels=kernels, layer_groups=groups)
+                                              mesh=mesh, kernels=kernels, layer_groups=groups,
+                                              max_deferred_blocks=max_deferred_blocks)
 
 
 def random_pools(engine, seed):
@@ -82,6 +84,40 @@ def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, ke
     assert all(np.array_equal(v, want[k]) for k, v in as_bytes(out).items())
     jaxpr = jax.make_jaxpr(lambda p, l: l.lander().finish(p))(dict(out), h.landing)
     assert not host_compute_violations(jaxpr)
+
+
+@pytest.mark.parametrize("cap, deferred_rows", [(1, [4]), (2, [4, 2]), (3, [4, 2, 1])])
+def test_a_deferred_load_leaves_only_its_largest_blocks_to_the_step(cap, deferred_rows):
+    """`max_deferred_blocks` bounds the landing shapes a step compiles for: the largest whole
+    blocks of each allocator are deferred, the rest move at once; the bytes are the same."""
+    layout, allocators, engine = engine_for("tiny_v4", 2, max_deferred_blocks=cap)
+    pools = random_pools(engine, 0)
+    for dev, host in (([0, 1, 2, 3], [0, 1, 2, 3]), ([4, 5], [4, 5]), ([6], [6])):   # kv blocks of 4, 2, 1 rows
+        _, h = engine.start(make_plan(layout, "backup", {"kv": (dev, host), "swa": ([0], [0])}), pools)
+        h.wait()
+    load = {"kv": ([7, 6, 5, 4, 3, 2, 1], np.arange(7)), "swa": ([3], [0])}
+    blocking, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1))
+    h.wait()
+    deferred, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1), deferred=True)
+    rows = sorted((block[0].shape[0] for block in h.landing.blocks), reverse=True)
+    assert rows == sorted(deferred_rows + [1], reverse=True)    # the kv blocks chosen, and swa's one
+    landed, _ = step_fn(layer_groups.num_model_layers(layout), 1)(deferred, jnp.zeros(()), h.landing)
+    h.landed(landed[next(iter(landed))])
+    h.wait()
+    want, got = as_bytes(blocking), as_bytes(landed)
+    assert all(np.array_equal(got[k], want[k]) for k in want)
+
+
+def test_the_deferred_blocks_are_the_largest_wherever_they_are():
+    """Across chunks, and whole chunks against whole-block pieces: the largest win, the
+    first of equal ones."""
+    rows = lambda n: (np.zeros((n, 1), np.uint8),)
+    moves = [("pieces", [(rows(1), 0, 0, 0), (rows(4), 1, 1, 1), (rows(2), 0, 1, 3)]),   # 1 whole, 1 slice, 2 whole
+             ("block", rows(8)), ("pieces", [(rows(2), 0, 1, 0)]), ("rows", rows(16))]   # "rows": a device copy
+    assert _largest_blocks(moves, 1) == {(1, None)}
+    assert _largest_blocks(moves, 2) == {(1, None), (0, 2)}
+    assert _largest_blocks(moves, 4) == {(1, None), (0, 2), (2, 0), (0, 0)}
+    assert _largest_blocks(moves, 9) == _largest_blocks(moves, 4)
 
 
 def test_landing_misuse_is_refused():
