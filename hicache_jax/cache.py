@@ -174,7 +174,8 @@ class HiCache:
         serves other requests meanwhile uses `match_prefix` / `load_back` / `step` itself.
         A failed or refused load leaves the device part of the match, still pinned.
         `deferred`: do not wait for the load; its largest whole host blocks go into the
-        model's next step (`Prefix.landing`, see `Landing`).
+        model's next step (`Prefix.landing`, see `Landing`). A load that leaves nothing to
+        the step (`landing` None) moved at once and is waited for like a blocking one.
         """
         validate.flag("acquire's load_back", load_back)
         deferred = validate.flag("deferred", deferred)
@@ -195,7 +196,8 @@ class HiCache:
         refused = None
         if load_back and m.host_len:
             lb = self._load_back(m, patient=True, deferred=deferred)
-            if lb.started and (deferred or self.wait(lb)):
+            # nothing left to a step (no landing): the whole load moved now, so wait as a blocking one does
+            if lb.started and ((deferred and lb.landing is not None) or self.wait(lb)):
                 self.unlock(lock)
                 page = self.layout.page_size
                 from_storage = max(0, min(lb.total_len, fetched[1] * page) - fetched[0] * page)

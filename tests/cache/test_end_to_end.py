@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hicache_jax as hc
-from driver import Driver, land_in_step, layout, seq
+from driver import P, Driver, land_in_step, layout, seq
 from faults import faulty_cache
 
 POLICIES = ["write_through", "write_through_selective", "write_back"]
@@ -86,6 +86,27 @@ def test_a_landing_the_cache_landed_first_is_accepted_from_the_step():
     cache.unlock(prefix.lock)
 
 
+def test_a_deferred_acquire_that_leaves_nothing_to_land_waits_for_its_load():
+    """Found by the stateful test: when every row of a deferred load moves at once (rows of a
+    larger block), there is no landing; `acquire` waits for that load like a blocking one,
+    so a load that fails is recomputed instead of served."""
+    cfg = hc.HiCacheConfig(device_pages=4, host_pages=6, write_policy="write_back", check_invariants=True,
+                           load_back_threshold=1)
+    cache, faulty = faulty_cache(layout("tiny_gqa"), cfg)
+    d = Driver(cache)
+    for blocks in ([0, 0], [0], [0]):
+        d.request(blocks, swa_every=True)
+    cache.evict(4, 0)                           # both pages written back as one 2-row block
+    faulty.fail_done.add("load")
+    prefix = cache.acquire(np.concatenate([seq([0]), [7]]), deferred=True)
+    assert prefix.landing is None and prefix.length == 0 and prefix.refused is not None
+    assert cache.stats().failures == {"load/completion": 1}
+    cache.unlock(prefix.lock)
+    faulty.fail_done.add("load")
+    assert d.request([0], land="step") == 0    # fails again: recomputed, its bytes checked
+    assert d.request([0], land="step") == P    # then served from the host
+
+
 def test_alloc_waits_for_loads_in_flight_on_a_slow_link():
     """Found by the stateful test: a deferred load-back whose request has ended still pins
     its pages until it lands; on a link that is only seen done when waited on, a later
@@ -96,8 +117,16 @@ def test_alloc_waits_for_loads_in_flight_on_a_slow_link():
     d = Driver(cache)
     for blocks in ([0], [0, 0], [0], [1], [2, 1, 0], [0, 0]):
         d.request(blocks, swa_every=True)
-    d.request([2, 1, 0], land="cache")          # every row moved at acquire: no landing, a load in flight
-    assert d.request([0, 0]) >= 0               # alloc short: waits for that load, then fits
+    cache.drain()                               # the demotions' host copies land
+    m = cache.match_prefix(np.concatenate([seq([2, 1, 0]), [7]]))
+    lb = cache.load_back(m, deferred=True)      # every row moves at once: no landing, a load in flight
+    assert lb.started and lb.landing is None
+    cache.unlock(lb.lock)                       # its request ends before the load is seen done
+    assert cache.stats().in_flight["load"] == 1
+    grant = cache.alloc(4, 0)                   # every device page: short while the load pins some
+    assert grant is not None and cache.stats().in_flight["load"] == 0
+    cache.free("kv", grant["kv"])
+    assert d.request([0, 0]) >= 0
     cache.drain()
     cache.check_invariants()
 
