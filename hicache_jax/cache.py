@@ -154,7 +154,7 @@ class HiCache:
                                  lambda: self.core.anchor_host_pages(match))
         job = self.core.start_load(match)
         self._flush_demotions()
-        if job is Refusal.NO_DEVICE_SPACE and patient and self._land_backups(loads=True):
+        if job is Refusal.NO_DEVICE_SPACE and patient and self._land_in_flight(loads=True):
             job = self.core.start_load(match)
             self._flush_demotions()
         if not isinstance(job, LoadJob):
@@ -181,7 +181,7 @@ class HiCache:
         deferred = validate.flag("deferred", deferred)
         tokens = as_tokens(tokens)
         m = self.match_prefix(tokens)
-        if load_back and m.pending_len and self._land_backups():
+        if load_back and m.pending_len and self._land_in_flight():
             # the host copies it stopped at have landed: match again (the device part, and so
             # the hit tallies, cannot have changed: landing a backup moves no device page)
             m = self._checked(self.core.match_prefix(tokens))
@@ -243,12 +243,12 @@ class HiCache:
             return None     # more than every page not held by a request: waiting cannot help
         got = self.core.alloc_device(need)
         self._flush_demotions()
-        if got is None and self._land_backups(loads=True):
+        if got is None and self._land_in_flight(loads=True):
             got = self.core.alloc_device(need)
             self._flush_demotions()
         return self._checked(got)
 
-    def _land_backups(self, loads: bool = False) -> bool:
+    def _land_in_flight(self, loads: bool = False) -> bool:
         """Dispatch queued backups and wait for all in flight (and the loads, when `loads`:
         their pages are not evictable until they land); False when there were none."""
         self._dispatch_backups()

@@ -32,7 +32,7 @@ class HostBlocks:
     """Block-level moves of one engine: `programs` by allocator over `host`'s blocks."""
 
     def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], early_copy_bytes: int,
-                 max_deferred: int = DEFAULT_MAX_DEFERRED_BLOCKS):
+                 max_deferred: int):
         self.host, self._programs = host, programs
         self.early_bytes = early_copy_bytes
         self.max_deferred = validate.count("max_deferred_blocks", max_deferred, minimum=1)

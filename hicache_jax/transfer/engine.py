@@ -156,10 +156,10 @@ class TransferEngine:
                                      for progs, parts in work]
         landing = None
         if deferred:
-            work, moves, deferred = self._blocks.defer(work, moves)
+            work, moves, to_step = self._blocks.defer(work, moves)
             landing = Landing.create([(progs, names, block, jax.device_put(pages, progs.home))
-                                      for progs, names, block, pages in deferred],
-                                     self._needed, self.layer_groups) if deferred else None
+                                      for progs, names, block, pages in to_step],
+                                     self._needed, self.layer_groups) if to_step else None
         whole = None if deferred else self._whole_plan(work, moves)
         if whole is not None:
             self._plan_programs.compiled(backup, whole)
