@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 import json
+import time
 
 import jax
 import jax.numpy as jnp
@@ -176,6 +177,50 @@ def test_failed_transfers_raise_from_the_handle():
     for call in (handle.done, handle.wait):
         with pytest.raises(RuntimeError, match="device lost"):
             call()
+
+
+class _Token:
+    """Stands in for a program's output: ready after `polls` calls of `is_ready`, or raising."""
+
+    def __init__(self, polls, error=None):
+        self.polls, self.error, self.calls, self.blocked = polls, error, 0, False
+
+    def is_ready(self):
+        self.calls += 1
+        if self.error is not None:
+            raise self.error
+        return self.calls > self.polls
+
+    def block_until_ready(self):
+        if self.error is not None:
+            raise self.error
+        self.blocked = True
+        return self
+
+
+def test_a_blocking_wait_polls_a_short_transfer_and_sleeps_on_a_long_one():
+    from hicache_jax.transfer.handle import poll_until_ready
+    soon = [_Token(3), _Token(0)]
+    assert poll_until_ready(soon, 10.0) and soon[0].calls == 4
+    never = _Token(10 ** 9)
+    t = time.perf_counter()
+    assert not poll_until_ready([never], 0.002)
+    assert time.perf_counter() - t >= 0.002 and never.calls > 1
+    assert poll_until_ready([], 0.0)
+
+
+def test_an_error_seen_while_polling_is_the_transfers_error():
+    from hicache_jax.transfer.handle import TransferHandle
+    layout = layout_of("tiny_v4")
+    handle = TransferHandle(make_plan(layout, "backup", {}), 0, 0.0, [_Token(2, RuntimeError("ECC error"))])
+    for call in (handle.wait, handle.done, handle.wait):
+        with pytest.raises(RuntimeError, match="ECC error"):
+            call()
+    slow = _Token(10 ** 9)     # never ready by polling: the wait goes on to block
+    handle = TransferHandle(make_plan(layout, "backup", {}), 0, time.perf_counter(), [slow])
+    assert not handle.done()
+    handle.wait()
+    assert slow.blocked and slow.calls > 2 and handle.seconds >= 0
 
 
 def test_host_pages_read_and_write_whole_pages(v4):
