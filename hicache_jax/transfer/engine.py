@@ -6,7 +6,7 @@
                               outside any jit (a copy engine, beside the model's steps).
     load   (host -> device):  a chunk that is exactly one block moves as one DMA inside
                               a program that then unpacks it (Pallas scatter) into the
-                              donated pools, or, when large, by a `device_put` started
+                              donated pools, or, when large, by a copy program started
                               before the plan's checks (`HostBlocks`); any other chunk
                               gathers its rows block by block into a staging buffer first.
 
@@ -35,7 +35,7 @@ from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
 from hicache_jax.pools.host_tier import block_rows
-from hicache_jax.transfer import chunks as chunking
+from hicache_jax.transfer import chunks as chunking, warm
 from hicache_jax.transfer.blocks import DEFAULT_MAX_DEFERRED_BLOCKS, EARLY_COPY_BYTES, HostBlocks
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
@@ -65,9 +65,9 @@ class TransferEngine:
     capability >= 9.0), Pallas TPU on TPUs, the reference elsewhere (logged once). A
     layout whose pages the chosen kernels cannot move raises ValueError here; under
     "auto" it falls back to the reference. `block_bytes` caps one copy (default: the
-    backend's). A load batch that is one host block of at least `early_copy_bytes` starts
-    its copy (`device_put`) before the plan is checked, so the copy engine works while the
-    checks and the dispatch run; it holds a device copy of the block until it is unpacked.
+    backend's). A load batch that is one host block of at least `early_copy_bytes` starts its
+    copy (a program of its own) before the plan is checked, so the copy engine works while
+    the checks and the dispatch run; it holds a device copy of the block until unpacked.
     A deferred load leaves at most `max_deferred_blocks` whole host blocks per allocator (the
     largest) to the model's step: a step compiles once per landing shape, and this bounds them.
     """
@@ -102,7 +102,7 @@ class TransferEngine:
         self._plan_programs = PlanPrograms(self._programs)
         self._blocks = HostBlocks(self.host, self._programs, early_copy_bytes, max_deferred_blocks)
         # one program per plan in the shapes of a prefix: any anchor chunk, the other
-        # allocators up to the trailing window (`_whole_plan`, `_warm_plans`)
+        # allocators up to the trailing window (`_whole_plan`, `warm.plan_shapes`)
         self._plan_window = chunking.next_pow2(max(1, layout.window_pages()))
         self._staging: dict[str, tuple[jax.Array, ...]] = {}
         self._needed = groups.needed_groups(layout, self.layer_groups)   # per model layer (landings)
@@ -217,39 +217,15 @@ class TransferEngine:
         for progs in self._programs.values():
             self._staging_buffer(progs)
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
-            for pages in _pow2_upto(limit):
-                k = pages.bit_length() - 1
-                keys = [(Program.PACK, pages), (Program.UNPACK, pages), *((Program.SLICE, pages, j) for j in range(k)),
-                        *((Program.H2D, pages, j) for j in range(k + 1)),
-                        *((Program.READ, pages, j) for j in range(k + 1))]
-                if progs.broadcast_load:
-                    keys.append((Program.TAKE, pages))
-                else:
-                    keys += [(Program.LOAD_BLOCK, pages, on) for on in range(1 + self._blocks.early(progs, pages))]
-                for key in keys:
-                    progs.compiled(*key)
-        for runs in self._warm_plans(max_pages):
+            for key in warm.chunk_keys(progs, limit, lambda pages: self._blocks.early(progs, pages)):
+                progs.compiled(*key)
+        plans = [] if self.devices.mesh is not None else warm.plan_shapes(
+            self._programs, self.layout.anchor.name, self._plan_window, MAX_CHUNK_PAGES, max_pages)
+        for runs in plans:
             self._plan_programs.compiled(True, runs)
             self._plan_programs.compiled(False, tuple((a, n, int(self._blocks.early(self._programs[a], n)))
                                                       for a, n in runs))
         return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
-
-    def _warm_plans(self, max_pages: int | None) -> list[tuple[tuple[str, int], ...]]:
-        """Whole-plan shapes `warmup` compiles when several allocators move bytes: the anchor's
-        power-of-two chunk lengths, each with every power-of-two length of the other
-        allocators up to the trailing window (what a prefix's load-back carries)."""
-        if len(self._programs) < 2 or self.devices.mesh is not None:
-            return []
-        def lengths(a: str, cap: int) -> list[int]:
-            return _pow2_upto(min(self._programs[a].chunk_pages, cap if max_pages is None else min(cap, max_pages)))
-        anchor = self.layout.anchor.name
-        if anchor not in self._programs:
-            return []
-        shapes = [()]
-        for a in sorted(self._programs):
-            sizes = lengths(a, MAX_CHUNK_PAGES if a == anchor else self._plan_window)
-            shapes = [s + ((a, n),) for s in shapes for n in sizes]
-        return shapes
 
     # -- host tier access (L3 storage, tests) ----------------------------------------------------
     def read_host_rows(self, allocator: str, host_pages) -> np.ndarray:
@@ -389,10 +365,6 @@ class TransferEngine:
         if allocator not in self._programs:
             raise ValueError(f"allocator {allocator!r} has no host pool here (allocators with bytes: {sorted(self._programs)})")
         return self._programs[allocator]
-
-
-def _pow2_upto(n: int) -> list[int]:
-    return [1 << i for i in range(n.bit_length())]
 
 
 def _floor_pow2(n: int) -> int:

@@ -11,15 +11,16 @@ group; one part, the whole row, by default), and so do blocks and the staging bu
     backup:  pack(S)            pools (read), idx i32[S] -> rows [S, part_elems] per part (device)
              slice(S, k)        rows, start i32[1] -> rows[start : start + 2**k]
     load:    load_block(S, 0)   pools (donated), block [S, part_elems] per part, idx i32[S] -> pools, token
-             load_block(S, 1)   the same from the block's device copy (an early `device_put`)
+             load_block(S, 1)   the same from the block's device copy (an early `copy`)
              h2d(R, k)          staging (donated), block [R, ...], src i32[1], dst i32[1] -> staging
              unpack(S)          pools (donated), staging, idx i32[S] -> pools, token
              take(S)            staging -> its first S rows (to broadcast them)
     read:    read(R, k)         block [R, ...], start i32[1] -> 2**k rows on the device
+             copy(R)            block [R, ...] -> the whole block on the device (a DMA)
 
 `load_block` moves a chunk that is exactly one block (the common case: a prefix backed up
-as one run and loaded back whole); when that block is large the engine starts its copy by
-`device_put` before it checks the plan, and the program unpacks the copy; any other chunk
+as one run and loaded back whole); when that block is large the engine starts its copy
+(`copy`) before it checks the plan, and the program unpacks the copy; any other chunk
 gathers its rows block by block into the engine's staging buffer (`h2d`, a whole-block DMA
 when the piece is the block) and unpacks them. A plan whose every allocator moves as one such chunk runs as ONE program on
 a single device (`PlanPrograms`), so a load-back of a prefix's kv and SWA pages, or the
@@ -60,6 +61,7 @@ class Program(enum.StrEnum):
     UNPACK = "unpack"           # (pages,): scatter the staging rows into the pools
     TAKE = "take"               # (pages,): the first staging rows, to broadcast them
     READ = "read"               # (block rows, log2 rows): rows of one block to the device (L3, tests)
+    COPY = "copy"               # (block rows,): a whole block to the device (an early copy), no index
 
 
 class AllocatorPrograms:
@@ -211,6 +213,12 @@ class AllocatorPrograms:
         return read, (self._host_example(block_rows), self._index(1)), (), self._staged()
 
 
+    def _copy(self, block_rows: int):
+        def copy(block):
+            return tuple(jax.device_put(b, _DEVICE) for b in block)
+        return copy, (self._host_example(block_rows),), (), self._staged()
+
+
 class PlanPrograms:
     """Programs moving several allocators' one-chunk batches at once (one device, no mesh).
 
@@ -305,4 +313,5 @@ _BUILDERS = {
     Program.PACK: AllocatorPrograms._pack, Program.SLICE: AllocatorPrograms._slice,
     Program.LOAD_BLOCK: AllocatorPrograms._load_block, Program.H2D: AllocatorPrograms._h2d,
     Program.UNPACK: AllocatorPrograms._unpack, Program.TAKE: AllocatorPrograms._take, Program.READ: AllocatorPrograms._read,
+    Program.COPY: AllocatorPrograms._copy,
 }

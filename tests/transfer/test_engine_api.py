@@ -238,10 +238,13 @@ def test_host_pages_read_and_write_whole_pages(v4):
 
 
 def test_warmup_compiles_programs_that_never_compute_on_host_memory(v4):
-    _, engine = v4
-    assert engine.warmup(max_pages=2) >= 8
-    for label, jaxpr in engine.program_jaxprs().items():
-        assert host_compute_violations(jaxpr) == [], label
+    layout, engine = v4
+    early = TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, early_copy_bytes=0)
+    assert engine.warmup(max_pages=2) >= 8 and early.warmup(max_pages=2) > engine.warmup(max_pages=2)
+    assert {"kv:copy[1]", "kv:copy[2]", "swa:copy[1]"} <= set(early.program_jaxprs())   # the early copies
+    for e in (engine, early):
+        for label, jaxpr in e.program_jaxprs().items():
+            assert host_compute_violations(jaxpr) == [], label
 
 
 def test_after_warmup_no_plan_compiles(v4):

@@ -212,8 +212,9 @@ def test_host_blocks_follow_rewrites_and_never_outgrow_the_tier(name, tp, groups
 @pytest.mark.parametrize("name, tp", [("tiny_v4", None), ("tiny_gqa", 2)])
 def test_large_one_block_loads_start_their_copy_early(name, tp):
     """A load batch that is one whole host block at least `early_copy_bytes` large is copied
-    by `device_put` before the plan is checked; the program unpacks that copy. Exact, in one
-    program per plan on one device; a plan that fails its checks moves nothing."""
+    to the device by a program of its own (no index to wait for) before the plan is
+    checked; the load program unpacks that copy. Exact, in one program per plan on one
+    device; a plan that fails its checks moves nothing."""
     t = Harness(name, tp, "reference")
     t.engine._blocks.early_bytes = 0
     a = t.allocators[0]
@@ -222,6 +223,7 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
     t.run("backup", {a: (np.arange(n), run)})
     t.run("load", {a: (np.arange(n)[::-1], run)})
     assert any("load_block" in k and k.endswith(f", {n}, 1)") for k in t.engine.compiled_programs())
+    assert f"{a}:copy[{n}]" in t.engine.program_jaxprs()
     if tp is None and len(t.allocators) > 1:  # kv and a window page: one program, both from early copies
         other = t.allocators[1]
         t.run("backup", {a: (np.arange(n), run), other: ([1], [3])})

@@ -1,0 +1,49 @@
+"""The program shapes `TransferEngine.warmup` compiles ahead of use: per allocator, every
+program a chunk of up to a given size can need; with several allocators on one device, the
+one-program plans of a prefix's load-back and backup."""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from hicache_jax.transfer.programs import AllocatorPrograms, Program
+
+
+def pow2_upto(n: int) -> list[int]:
+    """1, 2, 4, ... up to `n`."""
+    return [1 << i for i in range(n.bit_length())]
+
+
+def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool]) -> list[tuple]:
+    """Program keys of chunks of up to `limit` pages: pack and unpack of each padded size,
+    the pieces a backup cuts, a whole-block load of each size (when `early(pages)`, also its
+    early copy and the load from it), and the copies of any piece of any block up to that
+    size (L3 reads too)."""
+    keys = []
+    for pages in pow2_upto(limit):
+        k = pages.bit_length() - 1
+        keys += [(Program.PACK, pages), (Program.UNPACK, pages), *((Program.SLICE, pages, j) for j in range(k)),
+                 *((Program.H2D, pages, j) for j in range(k + 1)), *((Program.READ, pages, j) for j in range(k + 1))]
+        if progs.broadcast_load:
+            keys.append((Program.TAKE, pages))
+        else:
+            keys.append((Program.LOAD_BLOCK, pages, 0))
+            if early(pages):
+                keys += [(Program.COPY, pages), (Program.LOAD_BLOCK, pages, 1)]
+    return keys
+
+
+def plan_shapes(programs: Mapping[str, AllocatorPrograms], anchor: str, window_pages: int, max_chunk: int,
+                max_pages: int | None) -> list[tuple[tuple[str, int], ...]]:
+    """Whole-plan shapes when several allocators move bytes on one device: the anchor's
+    power-of-two chunk lengths, each with every power-of-two length of the other
+    allocators up to the trailing window (`window_pages`: what a prefix's load-back carries)."""
+    if len(programs) < 2 or anchor not in programs:
+        return []
+
+    def lengths(a: str, cap: int) -> list[int]:
+        return pow2_upto(min(programs[a].chunk_pages, cap if max_pages is None else min(cap, max_pages)))
+    shapes = [()]
+    for a in sorted(programs):
+        sizes = lengths(a, max_chunk if a == anchor else window_pages)
+        shapes = [s + ((a, n),) for s in shapes for n in sizes]
+    return shapes
