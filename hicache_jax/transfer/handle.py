@@ -11,7 +11,7 @@ from hicache_jax.plan import TransferPlan
 
 # A blocking wait first polls this long: a short transfer (a one-page hit's 9 MB moves in
 # about 0.2 ms) is seen done without waking a sleeping thread (0.00-0.10 ms off a one-page
-# hit on the H200, never slower in 8 paired runs); a long one then sleeps, having burnt at
+# hit on the H200, never slower in 10 paired runs); a long one then sleeps, having burnt at
 # most this.
 POLL_BEFORE_SLEEP_S = 0.5e-3
 

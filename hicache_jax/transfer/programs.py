@@ -212,7 +212,6 @@ class AllocatorPrograms:
             return _block_rows(block, start, size)
         return read, (self._host_example(block_rows), self._index(1)), (), self._staged()
 
-
     def _copy(self, block_rows: int):
         def copy(block):
             return tuple(jax.device_put(b, _DEVICE) for b in block)
