@@ -66,6 +66,13 @@ def test_bench_api_smoke(tmp_path):
         assert r["exact"] and r["acquire"]["ms"] > 0 and r["load_back"]["contiguous_ms"] > 0
 
 
+def test_trace_one_page_smoke(tmp_path):
+    result = run("trace_one_page.py", tmp_path)
+    parts = result["median_us"]
+    assert result["acquires"] == 3 and parts["acquire"] > parts["call"] > 0 and parts["index_device_put"] > 0
+    assert all(v is None or 0 <= v <= parts["acquire"] for v in parts.values())   # GPU-only parts are None here
+
+
 def test_bench_gemma_chunk_smoke(tmp_path):
     result = run("bench_gemma_chunk.py", tmp_path, "--chunks", "16,64")
     assert [r["chunk"] for r in result["runs"]] == [16, 64]
