@@ -59,6 +59,19 @@ def fill(cache, grant, seed: int) -> dict[str, jax.Array]:
     return written
 
 
+def insert_prefix(cache, pages: int, seed: int, token_seed: int | None = None):
+    """Write random bytes into `pages` new pages (and the trailing window's SWA pages) and
+    insert them as a prefix of random tokens: returns (its tokens + one more, the bytes)."""
+    window = min(pages, cache.window_pages)
+    rng = np.random.default_rng(seed if token_seed is None else token_seed)
+    tokens = rng.integers(1, 50_000, pages * cache.layout.page_size + 1).astype(np.int32)
+    grant = cache.alloc(pages, window)
+    written = fill(cache, grant, seed)
+    keep = {pages - window + i: int(p) for i, p in enumerate(grant[cache.swa_allocator])} if window else None
+    cache.insert(tokens[:-1], grant[cache.anchor], keep)
+    return tokens, written
+
+
 def same_bytes(cache, prefix, written) -> bool:
     pools = cache.device_pools
     for spec in cache.layout.byte_pools:
@@ -117,11 +130,7 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
     which also compiles what it needs)."""
     layout = cache.layout
     window = min(pages, cache.window_pages)
-    tokens = np.random.default_rng(seed + pages).integers(1, 50_000, pages * layout.page_size + 1).astype(np.int32)
-    grant = cache.alloc(pages, window)
-    written = fill(cache, grant, seed)
-    keep = {pages - window + i: int(p) for i, p in enumerate(grant[cache.swa_allocator])} if window else None
-    cache.insert(tokens[:-1], grant[cache.anchor], keep)
+    tokens, written = insert_prefix(cache, pages, seed, token_seed=seed + pages)
     nbytes = prefix_bytes(layout, pages)
     dev = jax.devices()[0]
     host_block = jax.device_put(np.zeros(nbytes, np.uint8), jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))

@@ -141,13 +141,7 @@ def group_rows(cache, pages: int, groups: int, spare: int = 1) -> list[jax.Array
 def prefix_cache(args, groups: int):
     """A cache holding the prefix on the host only, its tokens, and the bytes written."""
     cache = bench_api.make_cache(args.config, args.pages, groups)
-    layout = cache.layout
-    pages, window = args.pages, min(args.pages, cache.window_pages)
-    tokens = np.random.default_rng(args.seed).integers(1, 50_000, pages * layout.page_size + 1).astype(np.int32)
-    grant = cache.alloc(pages, window)
-    written = bench_api.fill(cache, grant, args.seed)
-    keep = {pages - window + i: int(p) for i, p in enumerate(grant[cache.swa_allocator])} if window else None
-    cache.insert(tokens[:-1], grant[cache.anchor], keep)
+    tokens, written = bench_api.insert_prefix(cache, args.pages, args.seed)
     return cache, tokens, written
 
 

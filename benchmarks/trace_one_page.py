@@ -23,7 +23,6 @@ import tempfile
 import time
 
 import jax
-import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_api  # noqa: E402  (the same cache and prefix as the public-path benchmark)
@@ -34,12 +33,7 @@ CALL = "PjitFunction(jit(plan_load))"
 
 def hits(config: str, rounds: int, trace_dir: str) -> None:
     cache = bench_api.make_cache(config, 4)
-    layout = cache.layout
-    window = min(1, cache.window_pages)
-    tokens = np.random.default_rng(1).integers(1, 50_000, layout.page_size + 1).astype(np.int32)
-    grant = cache.alloc(1, window)
-    written = bench_api.fill(cache, grant, 0)
-    cache.insert(tokens[:-1], grant[cache.anchor], {0: int(grant[cache.swa_allocator][0])} if window else None)
+    tokens, written = bench_api.insert_prefix(cache, 1, seed=0)
 
     def hit():
         cache.evict(10 ** 6, 10 ** 6)

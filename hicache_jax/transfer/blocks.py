@@ -86,14 +86,8 @@ class HostBlocks:
         if block is None:
             return False
         if id(block) not in into:
-            into[id(block)] = (block, self.device_copy(progs, block))
+            into[id(block)] = (block, progs.compiled(Program.COPY, block_rows(block))(block))
         return True
-
-    @staticmethod
-    def device_copy(progs: AllocatorPrograms, block) -> tuple[jax.Array, ...]:
-        """A whole block copied to the device by a program of its own: one DMA per part, and
-        no index to hand over, so it starts as soon as it is dispatched."""
-        return progs.compiled(Program.COPY, block_rows(block))(block)
 
     # -- load chunks -------------------------------------------------------------------------
     def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict):

@@ -72,7 +72,7 @@ class TransferHandle:
         self._raise()
         if self._seconds is not None:
             return True
-        if self.landing is not None or not all(t.is_ready() for t in self._tokens):
+        if self.landing is not None or not poll_until_ready(self._tokens, 0.0):
             return False
         self._finish()
         return True
