@@ -2,8 +2,9 @@
 `acquire`s of a one-page prefix (all pools), summarised from the runtime's own events.
 
 Per `acquire` (medians, µs): the Python before the load program's call, the call itself,
-handing XLA the page index (`DevicePut`), the program waiting for that index's copy to be
-dispatched before its first instruction, launching its instructions, the largest block's
+handing XLA host data (`DevicePut`: none since one-page indices stay on the device), the
+program waiting for such a copy to be dispatched before its first instruction (the
+runtime's wait before it, with no copy), launching its instructions, the largest block's
 DMA on the copy engine, and everything after the call. The profiler also traces every
 Python call, which slows the Python parts 2-3x; the runtime's events much less. On the CPU
 the GPU-only parts are absent (null).
@@ -66,7 +67,7 @@ def summary(trace_dir: str) -> dict:
         lo, hi = a["ts"], a["ts"] + a["dur"]
         inside = [e for e in events if lo <= e["ts"] <= hi + 100 and e is not a]
         first = lambda name: next((e for e in inside if e["name"] == name), None)
-        call, put = first(CALL), first("DevicePut")
+        call = first(CALL)
         run, ready = first("[0] PjRtStreamExecutorRawLoadedExecutable::Execute"), first("Resolve constant globals")
         thunks = first("[0] GpuExecutable::ExecuteThunks")
         dmas = [e["dur"] for e in inside if "MemcpyH2D" in e["name"]
@@ -74,7 +75,7 @@ def summary(trace_dir: str) -> dict:
         got = {"acquire": a["dur"],
                "python_before_call": call["ts"] - lo if call else None,
                "call": call["dur"] if call else None,
-               "index_device_put": put["dur"] if put else None,
+               "index_device_put": sum(e["dur"] for e in inside if e["name"] == "DevicePut"),
                "wait_for_index_copy": ready["ts"] - run["ts"] if run and ready else None,
                "instructions_launch": thunks["dur"] if thunks else None,
                "largest_block_dma": max(dmas) if dmas else None,

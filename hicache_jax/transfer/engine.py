@@ -40,7 +40,8 @@ from hicache_jax.transfer.blocks import DEFAULT_MAX_DEFERRED_BLOCKS, EARLY_COPY_
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.plan_check import check_plan
-from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program, resolve_kernels
+from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program, plan_index, resolve_kernels
+from hicache_jax.transfer.resident import ResidentIndices
 
 log = logging.getLogger("hicache_jax.transfer")
 
@@ -57,7 +58,9 @@ class TransferEngine:
     `max_staging_bytes` per device and allocator: a persistent buffer of `chunk_pages`
     rows for loads that gather rows from several blocks, and as much again for the rows a
     backup packs until they are on the host (the first device also holds a broadcast copy
-    while loading replicated pools on a mesh).
+    while loading replicated pools on a mesh). On a single device, one-page indices (and a
+    piece's rows) are kept on the device once used (`resident.py`), at most one small
+    buffer per device page.
 
     `kernels` picks the pack/unpack implementation, any name of `pallas_kernels.IMPLS`:
     "mosaic_gpu", "tpu", "triton", "reference" (plain jnp), a backend interpreted on the
@@ -101,6 +104,8 @@ class TransferEngine:
         }
         self._plan_programs = PlanPrograms(self._programs)
         self._blocks = HostBlocks(self.host, self._programs, early_copy_bytes, max_deferred_blocks)
+        self._ints = ResidentIndices(None if mesh is not None else self.devices.device,
+                                     max(self._device.pages.values(), default=0))
         # one program per plan in the shapes of a prefix: any anchor chunk, the other
         # allocators up to the trailing window (`_whole_plan`, `warm.plan_shapes`)
         self._plan_window = chunking.next_pow2(max(1, layout.window_pages()))
@@ -295,7 +300,7 @@ class TransferEngine:
         """Dispatch a whole plan as one program (see `_whole_plan`); updates `pools` on load."""
         names = [[s.name for s in progs.fmt.pools] for progs, _ in work]
         arrays = tuple(tuple(pools[n] for n in ns) for ns in names)
-        idx = np.concatenate([parts[0].device_pages for _, parts in work])
+        idx = plan_index([parts[0].device_pages for _, parts in work], self._ints.index)
         program = self._plan_programs.compiled(moves is None, whole)
         if moves is None:
             return [tok for (progs, parts), rows in zip(work, program(arrays, idx))
@@ -312,7 +317,8 @@ class TransferEngine:
         args = tuple(args)
         tokens = []
         for part in parts:
-            tokens += self._store(progs, part, progs.compiled(Program.PACK, part.padded_pages)(args, part.device_pages))
+            rows = progs.compiled(Program.PACK, part.padded_pages)(args, self._ints.index(part.device_pages))
+            tokens += self._store(progs, part, rows)
         return tokens
 
     def _store(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: jax.Array) -> list[jax.Array]:
@@ -323,7 +329,7 @@ class TransferEngine:
             pieces = [(start, rows)]
         else:
             pieces = [(int(g.host_rows[i]), progs.compiled(Program.SLICE, part.padded_pages, g.log2_rows)(
-                rows, g.staging_rows[i:i + 1])) for g in part.groups for i in range(g.num_real)]
+                rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(g.num_real)]
         blocks = []
         for host_start, piece in pieces:  # `start` released these pages
             blocks.append(jax.device_put(piece, progs.host_sharding))
@@ -337,18 +343,19 @@ class TransferEngine:
             pools = tuple(out[n] for n in names)
             if kind != "pieces":
                 load = progs.compiled(Program.LOAD_BLOCK, part.padded_pages, int(kind == "rows"))
-                new, token = load(pools, payload, part.device_pages)
+                new, token = load(pools, payload, self._ints.index(part.device_pages))
             else:
                 a = progs.fmt.allocator
                 for array, row, k, dst in payload:
                     h2d = progs.compiled(Program.H2D, block_rows(array), k)
-                    self._staging[a] = h2d(self._staging_buffer(progs), array, np.array([row], np.int32),
-                                           np.array([dst], np.int32))
+                    staging = self._staging_buffer(progs)
+                    self._staging[a] = h2d(staging, array, self._ints.one(row), self._ints.one(dst))
                 rows = self._staging[a]
                 if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
                     rows = jax.device_put(progs.compiled(Program.TAKE, part.padded_pages)(rows),
                                           self.devices.replicated())
-                new, token = progs.compiled(Program.UNPACK, part.padded_pages)(pools, rows, part.device_pages)
+                unpack = progs.compiled(Program.UNPACK, part.padded_pages)
+                new, token = unpack(pools, rows, self._ints.index(part.device_pages))
             out.update(zip(names, new))
             tokens.append(token)
         return tokens

@@ -26,6 +26,9 @@ when the piece is the block) and unpacks them. A plan whose every allocator move
 a single device (`PlanPrograms`), so a load-back of a prefix's kv and SWA pages, or the
 pack of a backup batch, costs one dispatch.
 
+Index arguments (i32) of one element are passed as arrays kept on the device where they
+can be (`resident.py`), so such a call copies no host data.
+
 Host values are only moved or sliced: every program's jaxpr is checked at compile time.
 Replicated allocators on a mesh pack on the first device (whose shard is the whole pool)
 and, on load, broadcast the chunk's rows to every rank before each rank unpacks its own
@@ -35,12 +38,12 @@ from __future__ import annotations
 
 import enum
 import functools
-import itertools
 import logging
 from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
@@ -223,9 +226,9 @@ class PlanPrograms:
 
     `compiled(backup, runs)` with `runs` in plan order is one jit over every allocator's
     `pack` (backup, `runs = ((allocator, pages), ...)`: arguments the allocators' pools
-    tuples and the concatenated device pages; results their packed rows) or `load_block`
+    tuples and the device pages (`plan_index`); results their packed rows) or `load_block`
     (load, `runs = ((allocator, pages, on device), ...)`: arguments the pools tuples, the
-    blocks or their device copies, and the concatenated device pages).
+    blocks or their device copies, and the device pages).
     """
 
     def __init__(self, programs: dict[str, AllocatorPrograms]):
@@ -240,20 +243,20 @@ class PlanPrograms:
             name = Program.PACK if backup else Program.LOAD_BLOCK
             label = f"plan:{name}{list(runs)}"
             built = [_BUILDERS[name](self._programs[a], *key) for a, *key in runs]
-            ends = list(itertools.accumulate(key[0] for _, *key in runs))
-            bounds = list(zip([0, *ends[:-1]], ends))
             fns = [fn for fn, *_ in built]
+            sizes = [key[0] for _, *key in runs]
             home = self._programs[runs[0][0]].home
-            index = jax.ShapeDtypeStruct((ends[-1],), jnp.int32, sharding=home)
+            index = tuple(jax.ShapeDtypeStruct(i.shape, jnp.int32, sharding=home)
+                          for i in plan_index([np.zeros(n, np.int32) for n in sizes], lambda i: i))
             pools = tuple(args[0] for _, args, _, _ in built)
             if backup:
                 def plan_pack(pools, idx):
-                    return tuple(fn(p, idx[lo:hi]) for fn, p, (lo, hi) in zip(fns, pools, bounds))
+                    return tuple(fn(p, i) for fn, p, i in zip(fns, pools, split_plan_index(sizes, idx)))
                 fn, args, donate = plan_pack, (pools, index), ()
                 outs = tuple(o for _, _, _, o in built)
             else:
                 def plan_load(pools, blocks, idx):
-                    moved = [fn(p, b, idx[lo:hi]) for fn, p, b, (lo, hi) in zip(fns, pools, blocks, bounds)]
+                    moved = [fn(p, b, i) for fn, p, b, i in zip(fns, pools, blocks, split_plan_index(sizes, idx))]
                     return tuple(p for p, _ in moved), moved[0][1]
                 blocks = tuple(args[1] for _, args, _, _ in built)
                 fn, args, donate = plan_load, (pools, blocks, index), (0,)
@@ -265,6 +268,26 @@ class PlanPrograms:
     def labelled(self) -> dict[str, jax.stages.Compiled]:
         """Every plan program compiled so far, by label."""
         return {self._labels[key]: program for key, program in self._cache.items()}
+
+
+def plan_index(indices: list[np.ndarray], one_page: Callable) -> tuple:
+    """A plan program's index argument from each allocator's page index (plan order): every
+    one-page allocator's own `one_page(index)` (a kept device array: `ResidentIndices`), then
+    the other allocators' indices concatenated (one copy to the device for all of them)."""
+    rest = [i for i in indices if i.shape != (1,)]
+    return tuple(one_page(i) for i in indices if i.shape == (1,)) + ((np.concatenate(rest),) if rest else ())
+
+
+def split_plan_index(sizes: list[int], idx: tuple) -> list:
+    """Each allocator's page index (`sizes[k]` pages) from a `plan_index` argument."""
+    ones, rest, out, lo = iter(idx), idx[-1], [], 0
+    for n in sizes:
+        if n == 1:
+            out.append(next(ones))
+        else:
+            out.append(rest[lo:lo + n])
+            lo += n
+    return out
 
 
 def resolve_kernels(kernels: str, device: jax.Device, layout) -> str:

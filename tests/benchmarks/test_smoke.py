@@ -69,7 +69,8 @@ def test_bench_api_smoke(tmp_path):
 def test_trace_one_page_smoke(tmp_path):
     result = run("trace_one_page.py", tmp_path)
     parts = result["median_us"]
-    assert result["acquires"] == 3 and parts["acquire"] > parts["call"] > 0 and parts["index_device_put"] > 0
+    assert result["acquires"] == 3 and parts["acquire"] > parts["call"] > 0
+    assert parts["index_device_put"] == 0     # a one-page hit hands XLA no host data: its indices are kept
     assert all(v is None or 0 <= v <= parts["acquire"] for v in parts.values())   # GPU-only parts are None here
 
 

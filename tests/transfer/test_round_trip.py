@@ -250,3 +250,38 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
         t.engine.start(bad, t.pools)
     for k, v in t.pools.items():
         assert not v.is_deleted() and np.array_equal(as_bytes(v), before[k])
+
+
+def test_one_page_transfers_hand_their_programs_no_host_data(monkeypatch):
+    """A one-page index, and a piece's block row and staging row, are device arrays kept
+    from their first use: one-page transfers, whole-block or pieces, call their programs with
+    device arrays only; a longer plan copies one index for all its allocators."""
+    t = Harness("tiny_v4", None, "reference")
+    host_args, starting = [], []
+
+    def recording(compiled):
+        def call(*args):
+            if starting:    # not the harness reading host pages back
+                host_args.append([type(x).__name__ for x in jax.tree.leaves(args) if not isinstance(x, jax.Array)])
+            return compiled(*args)
+        return call
+
+    def start(*args, start=t.engine.start):
+        starting.append(True)
+        try:
+            return start(*args)
+        finally:
+            starting.clear()
+    for owner in [*t.engine._programs.values(), t.engine._plan_programs]:
+        monkeypatch.setattr(owner, "compiled", (lambda f: lambda *key: recording(f(*key)))(owner.compiled))
+    monkeypatch.setattr(t.engine, "start", start)
+    t.run("backup", {"kv": ([7, 1, 4, 10], [12, 13, 14, 15])})  # one block of 4 rows
+    assert host_args == [["ndarray"]]                            # its 4 pages' index
+    host_args.clear()
+    t.run("backup", {"kv": ([5], [31]), "swa": ([0], [0])})     # one plan program each way
+    t.run("load", {"kv": ([2], [31]), "swa": ([11], [0])})
+    t.run("load", {"kv": ([3], [13])})                          # a row inside the block: h2d + unpack
+    assert len(host_args) == 4 and all(h == [] for h in host_args), host_args
+    host_args.clear()
+    t.run("load", {"kv": ([7, 1, 4, 10], [12, 13, 14, 15]), "swa": ([3], [20])})
+    assert host_args == [["ndarray"]]                            # the kv pages; swa's page is kept

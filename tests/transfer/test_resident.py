@@ -1,0 +1,37 @@
+"""Device-resident one-element indices, and how a plan program's index is laid out."""
+import jax
+import numpy as np
+
+from hicache_jax.transfer.programs import plan_index, split_plan_index
+from hicache_jax.transfer.resident import ResidentIndices
+
+
+def test_small_values_are_kept_on_the_device_once_used():
+    ints = ResidentIndices(jax.devices()[0], limit=8)
+    three = ints.one(3)
+    assert isinstance(three, jax.Array) and three.dtype == np.int32 and np.asarray(three).tolist() == [3]
+    assert three.sharding.memory_kind == "device" and three.devices() == {jax.devices()[0]}
+    assert ints.one(np.int64(3)) is three and ints.index(np.array([3], np.int32)) is three
+    assert len(ints) == 1
+    for outside in (-1, 8, 2 ** 31 - 1):        # e.g. a PAD entry: a numpy index, nothing kept
+        got = ints.one(outside)
+        assert isinstance(got, np.ndarray) and got.dtype == np.int32 and got.tolist() == [outside]
+    pages = np.array([1, 2], np.int32)
+    assert ints.index(pages) is pages and len(ints) == 1
+
+
+def test_without_a_device_every_index_stays_numpy():
+    ints = ResidentIndices(None, limit=8)
+    assert isinstance(ints.one(3), np.ndarray) and isinstance(ints.index(np.array([3], np.int32)), np.ndarray)
+    assert len(ints) == 0
+
+
+def test_a_plan_index_passes_one_page_allocators_alone_and_the_rest_together():
+    pages = [np.array([5], np.int32), np.array([1, 2, 3, 4], np.int32), np.array([7], np.int32),
+             np.array([8, 9], np.int32)]
+    idx = plan_index(pages, lambda i: ("kept", int(i[0])))
+    assert idx[:2] == (("kept", 5), ("kept", 7)) and idx[2].tolist() == [1, 2, 3, 4, 8, 9] and len(idx) == 3
+    parts = split_plan_index([1, 4, 1, 2], plan_index(pages, lambda i: i))
+    assert [p.tolist() for p in parts] == [p.tolist() for p in pages]
+    assert [p.tolist() for p in split_plan_index([1, 1], plan_index(pages[::2], lambda i: i))] == [[5], [7]]
+    assert split_plan_index([3], plan_index([np.arange(3)], lambda i: i))[0].tolist() == [0, 1, 2]
