@@ -2,9 +2,9 @@
 `acquire`s of a one-page prefix (all pools), summarised from the runtime's own events.
 
 Per `acquire` (medians, µs): the Python before the load program's call, the call itself,
-handing XLA host data (`DevicePut`: none since one-page indices stay on the device), the
-program waiting for such a copy to be dispatched before its first instruction (the
-runtime's wait before it, with no copy), launching its instructions, the largest block's
+the time spent handing XLA host data (`DevicePut`; zero once a hit's one-page indices are
+kept on the device), the program's wait before its first instruction (for the index's copy,
+when there is one), launching its instructions, the largest block's
 DMA on the copy engine, and everything after the call. The profiler also traces every
 Python call, which slows the Python parts 2-3x; the runtime's events much less. On the CPU
 the GPU-only parts are absent (null).

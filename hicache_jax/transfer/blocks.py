@@ -25,6 +25,7 @@ from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
+from hicache_jax.transfer.resident import ResidentIndices
 
 # A one-block load chunk this large starts its copy before the checks. On the H200 a 12-16 MiB
 # block gained 0.15-0.22 ms from it (16 V4-Flash / 32 V4.1-Flash pages), while an 8 MB one
@@ -34,11 +35,12 @@ DEFAULT_MAX_DEFERRED_BLOCKS = 2  # whole host blocks per allocator a deferred lo
 
 
 class HostBlocks:
-    """Block-level moves of one engine: `programs` by allocator over `host`'s blocks."""
+    """Block-level moves of one engine: `programs` by allocator over `host`'s blocks
+    (one-element indices from the engine's `ints`)."""
 
-    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], early_copy_bytes: int,
-                 max_deferred: int):
-        self.host, self._programs = host, programs
+    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
+                 early_copy_bytes: int, max_deferred: int):
+        self.host, self._programs, self._ints = host, programs, ints
         self.early_bytes = early_copy_bytes
         self.max_deferred = validate.count("max_deferred_blocks", max_deferred, minimum=1)
         # by id(block): (block, device copy); holding the block keeps its id from being reused
@@ -167,7 +169,7 @@ class HostBlocks:
             for block, row, n in table.segments(start, 1 << log2):
                 if block != NO_BLOCK:
                     for piece, k in binary(n):
-                        rows = _read(progs, table.arrays[block], row + piece, k)
+                        rows = self._read(progs, table.arrays[block], row + piece, k)
                         out[at + piece:at + piece + (1 << k)] = progs.fmt.from_parts([np.asarray(r) for r in rows])
                 at += n
         return out
@@ -211,15 +213,15 @@ class HostBlocks:
             for start, n in table.live_pages(block):
                 row = start - table.start[block]
                 for piece, k in binary(n):
-                    rows = _read(progs, array, row + piece, k)
+                    rows = self._read(progs, array, row + piece, k)
                     table.release(np.arange(start + piece, start + piece + (1 << k)))
                     table.add(start + piece, jax.device_put(rows, progs.host_sharding))
                 table.compacted += n
 
-
-def _read(progs: AllocatorPrograms, block: tuple[jax.Array, ...], row: int, log2_rows: int) -> tuple[jax.Array, ...]:
-    """`2**log2_rows` rows of `block` (every part) from `row`, on the device."""
-    return progs.compiled(Program.READ, block_rows(block), log2_rows)(block, np.array([row], np.int32))
+    def _read(self, progs: AllocatorPrograms, block: tuple[jax.Array, ...], row: int,
+              log2_rows: int) -> tuple[jax.Array, ...]:
+        """`2**log2_rows` rows of `block` (every part) from `row`, on the device."""
+        return progs.compiled(Program.READ, block_rows(block), log2_rows)(block, self._ints.one(row))
 
 
 def pieces_of(pages: np.ndarray, max_pages: int) -> list[tuple[int, int, int]]:

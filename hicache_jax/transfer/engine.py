@@ -103,9 +103,9 @@ class TransferEngine:
             for a, fmt in self.host.formats.items()
         }
         self._plan_programs = PlanPrograms(self._programs)
-        self._blocks = HostBlocks(self.host, self._programs, early_copy_bytes, max_deferred_blocks)
         self._ints = ResidentIndices(None if mesh is not None else self.devices.device,
                                      max(self._device.pages.values(), default=0))
+        self._blocks = HostBlocks(self.host, self._programs, self._ints, early_copy_bytes, max_deferred_blocks)
         # one program per plan in the shapes of a prefix: any anchor chunk, the other
         # allocators up to the trailing window (`_whole_plan`, `warm.plan_shapes`)
         self._plan_window = chunking.next_pow2(max(1, layout.window_pages()))

@@ -280,12 +280,13 @@ def plan_index(indices: list[np.ndarray], one_page: Callable) -> tuple:
 
 def split_plan_index(sizes: list[int], idx: tuple) -> list:
     """Each allocator's page index (`sizes[k]` pages) from a `plan_index` argument."""
-    ones, rest, out, lo = iter(idx), idx[-1], [], 0
+    ones = iter(idx)                 # the one-page allocators' own arrays come first, in order
+    out, lo = [], 0
     for n in sizes:
         if n == 1:
             out.append(next(ones))
-        else:
-            out.append(rest[lo:lo + n])
+        else:                        # the rest are consecutive slices of the last argument
+            out.append(idx[-1][lo:lo + n])
             lo += n
     return out
 

@@ -3,12 +3,12 @@ XLA no host data.
 
 A program given a numpy index copies it to the device inside its call, and the load's
 first DMA waits for that copy: on the H200 a one-page hit of every V4-Flash pool took
-0.12 ms less when its page index was already on the device. A one-page chunk's page, and
-a piece's block row and staging row, are single integers below the device's page count:
-the first time one is used its one-element array goes to the device and stays, and later
-calls pass that array. That is at most one small buffer per value (on a GPU 256 B each:
-25 MB for 100,000 device pages). On a mesh, where indices are replicated over the ranks,
-every index stays a numpy argument.
+0.12 ms less when its page index was already on the device. A one-page chunk's page, the
+block row a piece or a row read starts at, and a piece's staging row are single integers
+below the device's page count: the first time one is used its one-element array goes to
+the device and stays, and later calls pass that array. That is at most one small buffer
+per value (on a GPU 256 B each: 25 MB for 100,000 device pages). On a mesh, where indices
+are replicated over the ranks, every index stays a numpy argument.
 """
 from __future__ import annotations
 

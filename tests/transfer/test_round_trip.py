@@ -253,9 +253,10 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
 
 
 def test_one_page_transfers_hand_their_programs_no_host_data(monkeypatch):
-    """A one-page index, and a piece's block row and staging row, are device arrays kept
-    from their first use: one-page transfers, whole-block or pieces, call their programs with
-    device arrays only; a longer plan copies one index for all its allocators."""
+    """A one-page index, and a piece's (or a row read's) block row and staging row, are
+    device arrays kept from their first use: one-page transfers, whole-block or pieces, and
+    row reads call their programs with device arrays only; a longer plan copies one index
+    for all its allocators."""
     t = Harness("tiny_v4", None, "reference")
     host_args, starting = [], []
 
@@ -266,15 +267,17 @@ def test_one_page_transfers_hand_their_programs_no_host_data(monkeypatch):
             return compiled(*args)
         return call
 
-    def start(*args, start=t.engine.start):
-        starting.append(True)
-        try:
-            return start(*args)
-        finally:
-            starting.clear()
+    def watched(method):
+        def call(*args):
+            starting.append(True)
+            try:
+                return method(*args)
+            finally:
+                starting.clear()
+        return call
     for owner in [*t.engine._programs.values(), t.engine._plan_programs]:
         monkeypatch.setattr(owner, "compiled", (lambda f: lambda *key: recording(f(*key)))(owner.compiled))
-    monkeypatch.setattr(t.engine, "start", start)
+    monkeypatch.setattr(t.engine, "start", watched(t.engine.start))
     t.run("backup", {"kv": ([7, 1, 4, 10], [12, 13, 14, 15])})  # one block of 4 rows
     assert host_args == [["ndarray"]]                            # its 4 pages' index
     host_args.clear()
@@ -285,3 +288,7 @@ def test_one_page_transfers_hand_their_programs_no_host_data(monkeypatch):
     host_args.clear()
     t.run("load", {"kv": ([7, 1, 4, 10], [12, 13, 14, 15]), "swa": ([3], [20])})
     assert host_args == [["ndarray"]]                            # the kv pages; swa's page is kept
+    host_args.clear()
+    watched(t.engine.read_host_rows)("kv", [13, 14])             # two rows of one block: one read program
+    assert host_args == [[]]                                     # a row read (L3, compaction) passes its row kept
+    t.check()
