@@ -59,8 +59,8 @@ class TransferEngine:
     rows for loads that gather rows from several blocks, and as much again for the rows a
     backup packs until they are on the host (the first device also holds a broadcast copy
     while loading replicated pools on a mesh). On a single device, one-page indices (and a
-    piece's rows) are kept on the device once used (`resident.py`), at most one small
-    buffer per device page.
+    piece's rows) are kept on the device once used, or all of them from `warmup`
+    (`resident.py`): at most one small buffer per device page.
 
     `kernels` picks the pack/unpack implementation, any name of `pallas_kernels.IMPLS`:
     "mosaic_gpu", "tpu", "triton", "reference" (plain jnp), a backend interpreted on the
@@ -216,9 +216,11 @@ class TransferEngine:
         the pieces a backup cuts, a whole-block load of each size, and the copies of any
         piece of any block up to that size (L3 reads included); with several allocators
         on one device, the one-program plans of a prefix's load-back and backup. Allocates
-        the staging buffers. Returns the number of programs compiled so far."""
+        the staging buffers, and on one device keeps every one-page index on it
+        (`ResidentIndices.fill`). Returns the number of programs compiled so far."""
         if max_pages is not None and max_pages < 1:
             raise ValueError(f"warmup needs max_pages >= 1, got {max_pages}")
+        self._ints.fill()
         for progs in self._programs.values():
             self._staging_buffer(progs)
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)

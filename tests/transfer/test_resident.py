@@ -35,3 +35,14 @@ def test_a_plan_index_passes_one_page_allocators_alone_and_the_rest_together():
     assert [p.tolist() for p in parts] == [p.tolist() for p in pages]
     assert [p.tolist() for p in split_plan_index([1, 1], plan_index(pages[::2], lambda i: i))] == [[5], [7]]
     assert split_plan_index([3], plan_index([np.arange(3)], lambda i: i))[0].tolist() == [0, 1, 2]
+
+
+def test_fill_keeps_every_value_and_the_arrays_already_kept():
+    ints = ResidentIndices(jax.devices()[0], limit=11)
+    five = ints.one(5)
+    assert ints.fill(batch=4) == 11 and len(ints) == 11   # three batches, one value already kept
+    assert ints.one(5) is five
+    kept = [ints.one(v) for v in range(11)]
+    assert all(isinstance(a, jax.Array) for a in kept) and [int(a[0]) for a in kept] == list(range(11))
+    assert ints.fill() == 11 and all(ints.one(v) is a for v, a in enumerate(kept))
+    assert ResidentIndices(None, limit=11).fill() == 0

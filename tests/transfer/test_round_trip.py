@@ -292,3 +292,17 @@ def test_one_page_transfers_hand_their_programs_no_host_data(monkeypatch):
     watched(t.engine.read_host_rows)("kv", [13, 14])             # two rows of one block: one read program
     assert host_args == [[]]                                     # a row read (L3, compaction) passes its row kept
     t.check()
+
+
+def test_warmup_keeps_every_one_page_index_so_a_first_hit_hands_over_nothing(monkeypatch):
+    """After `warmup`, a one-page load to a device page no transfer used before makes no
+    `jax.device_put` (its index was kept ahead), and moves the right bytes."""
+    t = Harness("tiny_v4", None, "reference")
+    t.engine.warmup(1)
+    assert len(t.engine._ints) == t.engine._ints.limit == DEVICE_PAGES
+    puts = []
+    real_put = jax.device_put
+    monkeypatch.setattr(jax, "device_put", lambda *a, **k: puts.append(a) or real_put(*a, **k))
+    t.run("load", {"kv": ([DEVICE_PAGES - 1], [3]), "swa": ([DEVICE_PAGES - 2], [1])})
+    t.run("load", {"kv": ([0], [5])})
+    assert puts == [] and len(t.engine._ints) == DEVICE_PAGES
