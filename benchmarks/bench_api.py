@@ -13,6 +13,12 @@ for byte with what was written.
 
 Each call's time is also split (`breakdown_ms`): the tree's match, its load planning, the
 engine's dispatch, the wait (and the bookkeeping when the load lands), and the rest.
+
+By default every round's hit lands on the same device pages. `--page-spread K` holds the
+first `r % K` free device pages of each pool in round `r`, so the hits land on other pages,
+as a serving loop's do; the cache is warmed up first (`warmup(1)`), as a serving loop's is.
+
+    python benchmarks/bench_api.py --pages 1,16 --page-spread 64 --out spread.json
 """
 from __future__ import annotations
 
@@ -85,10 +91,11 @@ def same_bytes(cache, prefix, written) -> bool:
     return True
 
 
-def make_cache(config: str, max_pages: int, layer_groups: int = 1) -> hc.HiCache:
+def make_cache(config: str, max_pages: int, layer_groups: int = 1, spare: int = 0) -> hc.HiCache:
+    """A cache for prefixes of up to `max_pages` pages, with `spare` more device pages per pool."""
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
     window = layout.window_pages() if layout.swa_pool else 0
-    cfg = hc.HiCacheConfig(device_pages=max_pages + 2, swa_device_pages=window + 2 if window else None,
+    cfg = hc.HiCacheConfig(device_pages=max_pages + 2 + spare, swa_device_pages=window + 2 + spare if window else None,
                            host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
                            write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40,
                            layer_groups=layer_groups)
@@ -125,9 +132,10 @@ class Breakdown:
         return out
 
 
-def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakdown) -> dict:
+def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakdown, spread: int = 0) -> dict:
     """One prefix of `pages` pages: insert it, then `rounds` paired rounds (after a warm-up one,
-    which also compiles what it needs)."""
+    which also compiles what it needs); with `spread`, round `r` first holds `r % spread`
+    device pages of each pool, so its hit lands elsewhere."""
     layout = cache.layout
     window = min(pages, cache.window_pages)
     tokens, written = insert_prefix(cache, pages, seed, token_seed=seed + pages)
@@ -135,11 +143,12 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
     dev = jax.devices()[0]
     host_block = jax.device_put(np.zeros(nbytes, np.uint8), jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
     on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
-    rows, exact = [], None
+    rows, exact, landed_on = [], None, set()
     for r in range(rounds + 1):                     # round 0 warms up
         for how in ("acquire", "load_back"):
             cache.evict(10 ** 6, 10 ** 6 if window else 0)
             cache.drain()
+            held = cache.alloc(r % spread, r % spread if window else 0) if spread else {}
             breakdown.take(0.0)
             t = clock()
             if how == "acquire":
@@ -153,7 +162,10 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
             parts = breakdown.take(took)
             if exact is None:
                 exact = same_bytes(cache, prefix, written)
+            landed_on.add(int(prefix.device_pages[0]))
             cache.unlock(prefix.lock)
+            for allocator, taken in held.items():
+                cache.free(allocator, taken)
             assert (prefix.total_len if how == "load_back" else prefix.length) == pages * layout.page_size
             t = clock()
             jax.block_until_ready(jax.device_put(host_block, on_device))
@@ -163,7 +175,8 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
     cache.evict(10 ** 6, 10 ** 6 if window else 0)   # make room for the next prefix
     cache.drain()
     cache.core.evict_host(dict.fromkeys(cache.core.components.names, 10 ** 6))
-    out = {"config": layout.model.name, "pages": pages, "bytes": nbytes, "exact": bool(exact), "rounds": rounds}
+    out = {"config": layout.model.name, "pages": pages, "bytes": nbytes, "exact": bool(exact), "rounds": rounds,
+           "page_spread": spread, "first_pages_landed_on": len(landed_on)}
     for how in ("acquire", "load_back"):
         mine = [(t, ref, parts) for h, t, ref, parts in rows if h == how]
         out[how] = {"ms": round(float(np.median([t for t, _, _ in mine])) * 1e3, 3),
@@ -182,6 +195,8 @@ def main():
     ap.add_argument("--small-rounds", type=int, default=30,
                     help="rounds for prefixes of at most 16 pages (fast, and noisier than the large ones)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--page-spread", type=int, default=0,
+                    help="hold 0..K-1 device pages in turn so the hits land on other pages; warm the cache up first")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, 1 and 4 pages, 2 rounds: CPU, seconds")
     ap.add_argument("--out", default="bench_api.json")
     args = ap.parse_args()
@@ -192,10 +207,13 @@ def main():
           f"{'contiguous ms':>13} exact")
     sizes = [int(p) for p in args.pages.split(",")]
     for config in args.configs.split(","):
-        cache = make_cache(config, max(sizes))
+        cache = make_cache(config, max(sizes), spare=args.page_spread)
+        if args.page_spread:
+            cache.warmup(1)
         breakdown = Breakdown(cache)
         for pages in sizes:
-            r = run(cache, pages, args.small_rounds if pages <= 16 else args.rounds, args.seed, breakdown)
+            r = run(cache, pages, args.small_rounds if pages <= 16 else args.rounds, args.seed, breakdown,
+                    args.page_spread)
             result["runs"].append(r)
             print(f"{r['config']:20} {pages:>5} {r['bytes'] / 1e6:>8.1f} {r['acquire']['ms']:>10.3f} "
                   f"{r['acquire']['ratio']:>6.3f} {r['load_back']['ms']:>12.3f} {r['load_back']['ratio']:>6.3f} "

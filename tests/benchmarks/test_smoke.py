@@ -64,6 +64,15 @@ def test_bench_api_smoke(tmp_path):
     assert {r["pages"] for r in result["runs"]} == {1, 4}
     for r in result["runs"]:
         assert r["exact"] and r["acquire"]["ms"] > 0 and r["load_back"]["contiguous_ms"] > 0
+        assert r["page_spread"] == 0 and r["first_pages_landed_on"] == 1
+
+
+@pytest.mark.slow
+def test_bench_api_page_spread_smoke(tmp_path):
+    """With --page-spread the rounds' hits land on different device pages, and stay exact."""
+    result = run("bench_api.py", tmp_path, "--page-spread", "4")
+    for r in result["runs"]:        # 1 and 4 pages, rounds 0, 1, 2
+        assert r["exact"] and r["page_spread"] == 4 and r["first_pages_landed_on"] == 3
 
 
 def test_trace_one_page_smoke(tmp_path):
