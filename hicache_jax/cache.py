@@ -107,7 +107,8 @@ class HiCache:
 
     def warmup(self, max_pages: int | None = None) -> None:
         """Compile the transfer programs of every plan of up to `max_pages` pages per chunk,
-        ahead of the first transfer (see `TransferEngine.warmup`)."""
+        ahead of the first transfer, and keep every one-page index on the device, so no hit
+        hands its page index over (see `TransferEngine.warmup`)."""
         if max_pages is not None:
             validate.count("max_pages", max_pages, minimum=1)
         self.engine.warmup(max_pages)

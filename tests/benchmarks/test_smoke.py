@@ -119,3 +119,11 @@ def test_bench_overlap_smoke(tmp_path):
     assert set(result["ms"]) == {"load", "compute", "serial", "cache/2", "load/2", "whole/2", "chained/2", "slices/2"}
     assert all(v > 0 for v in result["ms"].values()) and result["vs_max_load_compute"]["serial"] > 0
     assert result["byte_exact"] == {"2": True}   # the deferred load, landed by the step
+
+
+def test_one_page_parts_smoke(tmp_path):
+    """The load program a hit ran, called again alone, takes less than the hit around it."""
+    (r,) = run("one_page_parts.py", tmp_path)["runs"]
+    assert r["exact"] == {"reference": True}
+    assert r["ms"]["acquire_reference"] > r["ms"]["bare_reference"] > 0 and r["python_ms"]["reference"] > 0
+    assert set(r["breakdown_ms"]["reference"]) == {"match", "plan", "dispatch", "wait", "other"}

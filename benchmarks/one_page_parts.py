@@ -1,0 +1,144 @@
+"""A one-page host hit split into the Python around it and the program it runs: each round
+times `acquire` of a one-page prefix (all pools) until its pages are usable, then calls the
+load program that `acquire` just ran again, alone, with the same blocks and page indices
+(`bare`: the runtime's call and the device work, no Python around it), then a contiguous
+`device_put` of the same bytes; medians over the rounds, variants taking turns in one
+process. `acquire - bare` is the Python a hit costs. Each kernel implementation gets its
+own cache (default: the automatic choice and the plain-jnp reference).
+
+    python benchmarks/one_page_parts.py --out parts.json            # V4-Flash and V4.1-Flash (GPU)
+    python benchmarks/one_page_parts.py --smoke --out parts.json    # tiny_v4, CPU, seconds
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+import time
+
+import jax
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+import bench_api  # noqa: E402  (the same cache and prefix as the public-path benchmark)
+import hicache_jax as hc  # noqa: E402
+from hicache_jax.transfer.engine import TransferEngine  # noqa: E402
+
+clock = time.perf_counter
+
+
+def make_cache(config: str, kernels: str) -> hc.HiCache:
+    base = bench_api.make_cache(config, 4)
+    layout, cfg = base.layout, base.config
+    base.close()
+    device, host = cfg.page_counts(layout)
+    engine = TransferEngine(layout, device, host, max_staging_bytes=cfg.max_staging_bytes,
+                            host_memory_limit_bytes=cfg.host_limit_bytes(), kernels=kernels)
+    return hc.HiCache(layout, cfg, engine=engine)
+
+
+class LastLoad:
+    """Records the plan load program a cache's engine calls, with its arguments, to call it again."""
+
+    def __init__(self, cache: hc.HiCache):
+        self.cache, self.call = cache, None
+        plans = cache.engine._plan_programs
+        compiled = plans.compiled
+
+        def recording(backup, runs):
+            program = compiled(backup, runs)
+            if backup:
+                return program
+            names = [[s.name for s in cache.engine._programs[a].fmt.pools] for a, *_ in runs]
+
+            def call(pools, blocks, idx):
+                self.call = (program, names, blocks, idx)
+                return program(pools, blocks, idx)
+            return call
+        plans.compiled = recording
+
+    def again(self) -> float:
+        """Call the last load program again on the cache's current pools; seconds until done."""
+        if self.call is None:
+            raise RuntimeError("no one-program load recorded: the hit did not move as one plan program")
+        program, names, blocks, idx = self.call
+        pools = self.cache.device_pools
+        t = clock()
+        new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), blocks, idx)
+        jax.block_until_ready((new, token))
+        took = clock() - t
+        for ns, arrays in zip(names, new):
+            pools.update(zip(ns, arrays))
+        self.cache.set_device_pools(pools)   # the same bytes again: the pages stay what they were
+        return took
+
+
+def run(config: str, kernels: list[str], rounds: int) -> dict:
+    caches = {k: make_cache(config, k) for k in kernels}
+    loads = {k: LastLoad(c) for k, c in caches.items()}
+    prefixes = {k: bench_api.insert_prefix(c, 1, seed=0) for k, c in caches.items()}
+    breakdowns = {k: bench_api.Breakdown(c) for k, c in caches.items()}
+    layout = next(iter(caches.values())).layout
+    dev = jax.devices()[0]
+    host_block = jax.device_put(np.zeros(bench_api.prefix_bytes(layout, 1), np.uint8),
+                                jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
+    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+    times = {f"{part}_{k}": [] for k in kernels for part in ("acquire", "bare")} | {"contiguous": []}
+    parts, exact = {k: [] for k in kernels}, {}
+    for r in range(rounds + 2):                 # two rounds warm up
+        for k, cache in caches.items():
+            tokens, written = prefixes[k]
+            cache.evict(10 ** 6, 10 ** 6)
+            cache.drain()
+            jax.block_until_ready(cache.device_pools)
+            breakdowns[k].take(0.0)
+            t = clock()
+            prefix = cache.acquire(tokens)
+            jax.block_until_ready(cache.device_pools)
+            took = clock() - t
+            split = breakdowns[k].take(took)
+            assert prefix.length == layout.page_size, prefix
+            exact.setdefault(k, bench_api.same_bytes(cache, prefix, written))
+            bare = loads[k].again()
+            cache.unlock(prefix.lock)
+            if r >= 2:
+                times[f"acquire_{k}"].append(took)
+                times[f"bare_{k}"].append(bare)
+                parts[k].append(split)
+        t = clock()
+        jax.block_until_ready(jax.device_put(host_block, on_device))
+        if r >= 2:
+            times["contiguous"].append(clock() - t)
+    for cache in caches.values():
+        cache.close()
+    ms = lambda xs: round(statistics.median(xs) * 1e3, 4)
+    out = {"config": layout.model.name, "rounds": rounds, "exact": exact, "ms": {k: ms(v) for k, v in times.items()}}
+    out["python_ms"] = {k: round(out["ms"][f"acquire_{k}"] - out["ms"][f"bare_{k}"], 4) for k in kernels}
+    out["breakdown_ms"] = {k: {n: ms([p[n] for p in parts[k]]) for n in parts[k][0]} for k in kernels}
+    return out
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash")
+    ap.add_argument("--kernels", default="auto,reference")
+    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--smoke", action="store_true", help="tiny_v4, reference kernels, 3 rounds: CPU, seconds")
+    ap.add_argument("--out", default="one_page_parts.json")
+    args = ap.parse_args()
+    if args.smoke:
+        args.configs, args.kernels, args.rounds = "tiny_v4", "reference", 3
+    result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]), "runs": []}
+    for config in args.configs.split(","):
+        r = run(config, args.kernels.split(","), args.rounds)
+        result["runs"].append(r)
+        print(json.dumps(r), flush=True)
+        pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+    if not all(all(r["exact"].values()) for r in result["runs"]):
+        sys.exit("one_page_parts: restored bytes differ from what was written")
+
+
+if __name__ == "__main__":
+    main()
