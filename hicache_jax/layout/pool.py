@@ -148,6 +148,11 @@ class PoolLayout:
             return ()
 
     @functools.cached_property
+    def moving_names(self) -> dict[str, tuple[str, ...]]:
+        """`{allocator: names of the pools that move with it}`, for every pool that owns an allocator."""
+        return {a.name: tuple(p.name for p in self.moving_with(a.name)) for a in self.pools if a.has_allocator}
+
+    @functools.cached_property
     def _moving(self) -> dict[str, tuple[PoolSpec, ...]]:
         return {a.name: tuple(p for p in self.pools if p.holds_bytes and p.allocator == a.name)
                 for a in self.pools}

@@ -27,6 +27,8 @@ def check_plan(plan: TransferPlan, layout: PoolLayout, device_pages: Mapping[str
         raise ValueError(f"plan direction must be a Direction, got {plan.direction!r}")
     seen = set()
     for batch in plan.batches:
+        if not isinstance(batch.allocator, str):
+            raise ValueError(f"plan batch allocator must be a name (str), got {batch.allocator!r}")
         if batch.allocator in seen:
             raise ValueError(f"plan has two batches for allocator {batch.allocator!r}")
         seen.add(batch.allocator)
@@ -36,21 +38,21 @@ def check_plan(plan: TransferPlan, layout: PoolLayout, device_pages: Mapping[str
 def _check_batch(batch: PageBatch, layout: PoolLayout, device_pages: Mapping[str, int],
                  host_pages: Mapping[str, int]) -> None:
     a = batch.allocator
-    if not layout.has_pool(a) or not layout.pool(a).has_allocator:
+    expected = layout.moving_names.get(a)
+    if expected is None:
         raise ValueError(f"plan batch names {a!r}, not an allocator of this layout")
-    expected = tuple(p.name for p in layout.moving_with(a))
     if tuple(batch.pools) != expected:
         raise ValueError(f"plan batch {a!r} moves pools {list(batch.pools)}, the layout moves {list(expected)}")
-    dev = _pages(batch.device_pages, f"{a} device pages")
-    host = _pages(batch.host_pages, f"{a} host pages")
+    dev = _pages(batch.device_pages, a, "device")
+    host = _pages(batch.host_pages, a, "host")
     if dev.shape != host.shape:
         raise ValueError(f"plan batch {a!r}: {dev.size} device pages but {host.size} host pages")
     if not expected or dev.size == 0:
         if batch.host_runs and dev.size == 0:
             raise ValueError(f"plan batch {a!r} has host runs but no pages")
         return
-    _unique_in_range(dev, device_pages[a], f"{a} device pages")
-    _unique_in_range(host, host_pages[a], f"{a} host pages")
+    _unique_in_range(dev, device_pages[a], a, "device")
+    _unique_in_range(host, host_pages[a], a, "host")
     _check_runs(batch, host)
 
 
@@ -76,23 +78,23 @@ def _check_runs(batch: PageBatch, host: np.ndarray) -> None:
                          f"{int(expected[bad[0]])}, host_pages say {int(host[bad[0]])}")
 
 
-def _pages(values, what: str) -> np.ndarray:
+def _pages(values, allocator: str, tier: str) -> np.ndarray:
     arr = np.asarray(values)
     if arr.ndim != 1 or (arr.size and arr.dtype.kind not in "iu"):
-        raise ValueError(f"{what} must be a 1-D integer array, got {arr.dtype}{list(arr.shape)}")
+        raise ValueError(f"{allocator} {tier} pages must be a 1-D integer array, got {arr.dtype}{list(arr.shape)}")
     return arr if arr.dtype == np.int32 else arr.astype(np.int64)
 
 
-def _unique_in_range(arr: np.ndarray, capacity: int, what: str) -> None:
+def _unique_in_range(arr: np.ndarray, capacity: int, allocator: str, tier: str) -> None:
     if 0 < arr.size <= 64:   # a small load: Python sets and ints beat numpy's reductions here
         pages = arr.tolist()
         if min(pages) >= 0 and max(pages) < capacity and len(set(pages)) == len(pages):
             return
     if arr.min() < 0 or arr.max() >= capacity:
         bad = arr[(arr < 0) | (arr >= capacity)]
-        raise ValueError(f"{what} {bad[:8].tolist()} outside 0..{capacity - 1}")
+        raise ValueError(f"{allocator} {tier} pages {bad[:8].tolist()} outside 0..{capacity - 1}")
     if arr.size > 1:
         s = np.sort(arr)
         dup = s[1:][s[1:] == s[:-1]]
         if dup.size:
-            raise ValueError(f"{what} repeat: {np.unique(dup)[:8].tolist()}")
+            raise ValueError(f"{allocator} {tier} pages repeat: {np.unique(dup)[:8].tolist()}")

@@ -55,5 +55,9 @@ def test_bad_plans_are_named(layout):
         check_plan(dataclasses.replace(plan, batches=plan.batches * 2), layout, DEV, HOST)
     with pytest.raises(ValueError, match="not an allocator"):
         check_plan(corrupt(plan, "kv", allocator="deepseek_v4_c4"), layout, DEV, HOST)
+    with pytest.raises(ValueError, match="not an allocator"):
+        check_plan(corrupt(plan, "kv", allocator="no_such_pool"), layout, DEV, HOST)
+    with pytest.raises(ValueError, match=r"must be a name \(str\), got \['kv'\]"):
+        check_plan(corrupt(plan, "kv", allocator=["kv"]), layout, DEV, HOST)
     with pytest.raises(ValueError, match="Direction"):
         check_plan(dataclasses.replace(plan, direction="sideways"), layout, DEV, HOST)
