@@ -81,7 +81,7 @@ class HiCache:
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
             self._storage = StorageLink(layout, config, self.core, self.engine, backend, tp)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(StatsCollector(self.stats, lambda: self.tally.durations,
+        self.registry.register(StatsCollector(self.stats, lambda: self.tally.settled().durations,
                                               tuple(p.name for p in layout.byte_pools)))
 
     # -- what a serving loop needs to know --------------------------------------------------
