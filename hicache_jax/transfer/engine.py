@@ -42,6 +42,7 @@ from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program, plan_index, resolve_kernels
 from hicache_jax.transfer.resident import ResidentIndices
+from hicache_jax.transfer.whole import WholePlans
 
 log = logging.getLogger("hicache_jax.transfer")
 
@@ -106,9 +107,8 @@ class TransferEngine:
         self._ints = ResidentIndices(None if mesh is not None else self.devices.device,
                                      max(self._device.pages.values(), default=0))
         self._blocks = HostBlocks(self.host, self._programs, self._ints, early_copy_bytes, max_deferred_blocks)
-        # one program per plan in the shapes of a prefix: any anchor chunk, the other
-        # allocators up to the trailing window (`_whole_plan`, `warm.plan_shapes`)
-        self._plan_window = chunking.next_pow2(max(1, layout.window_pages()))
+        self._whole = WholePlans(self._programs, self.host, layout.anchor.name, layout.window_pages(),
+                                 mesh is not None)
         self._staging: dict[str, tuple[jax.Array, ...]] = {}
         self._needed = groups.needed_groups(layout, self.layer_groups)   # per model layer (landings)
         self._land_all = jax.jit(lambda pools, landing: landing.lander().finish(pools), donate_argnums=0)
@@ -149,35 +149,13 @@ class TransferEngine:
         backup = plan.direction is Direction.BACKUP
         if deferred and backup:
             raise ValueError("only a load can be deferred; this plan is a backup")
-        work = []
-        for batch in plan.batches:
-            progs = self._programs.get(batch.allocator)
-            if progs is None or batch.num_pages == 0:
-                continue
-            runs = [(r.offset, r.host_start, r.length) for r in batch.host_runs]
-            work.append((progs, chunking.split(np.asarray(batch.device_pages, np.int32), runs, progs.chunk_pages)))
-        # compile before anything moves: a compile error leaves both tiers as they were
-        moves = None if backup else [[self._blocks.load_move(progs, part, early) for part in parts]
-                                     for progs, parts in work]
-        landing = None
-        if deferred:
-            work, moves, to_step = self._blocks.defer(work, moves)
-            landing = Landing.create([(progs, names, block, jax.device_put(pages, progs.home))
-                                      for progs, names, block, pages in to_step],
-                                     self._needed, self.layer_groups) if to_step else None
-        whole = None if deferred else self._whole_plan(work, moves)
-        if whole is not None:
-            self._plan_programs.compiled(backup, whole)
-        elif backup:
-            for progs, parts in work:
-                for part in parts:
-                    for key in self._backup_keys(part):
-                        progs.compiled(*key)
+        # the common load-back is read straight off the plan; anything else is chunked first
+        direct = None if backup or deferred else self._whole.load(plan, early)
+        if direct is not None:
+            program = self._plan_programs.compiled(False, direct[0])
+            work, moves, landing, whole = [], None, None, None
         else:
-            for (progs, parts), chunk_moves in zip(work, moves):
-                for part, move in zip(parts, chunk_moves):
-                    for key in self._blocks.load_keys(progs, part, move):
-                        progs.compiled(*key)
+            work, moves, landing, whole = self._prepare(plan, backup, deferred, early)
         out = pools if backup else dict(pools)
         tokens, error = [], None
         try:
@@ -186,8 +164,10 @@ class TransferEngine:
                     if batch.allocator in self._programs and batch.num_pages:
                         self.host.tables[batch.allocator].release(np.asarray(batch.host_pages))
                         self._blocks.make_room(self._programs[batch.allocator], batch.num_pages)
-            if whole is not None:
-                tokens += self._move_plan(whole, work, moves, out)
+            if direct is not None:
+                tokens += self._load_plan(program, *direct, out)
+            elif whole is not None:
+                tokens += self._backup_plan(whole, work, pools)
             elif backup:
                 for progs, parts in work:
                     tokens += self._backup(progs, parts, pools)
@@ -199,6 +179,40 @@ class TransferEngine:
         if not backup and error is None:
             self._device.made(out)
         return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error, landing)
+
+    def _prepare(self, plan: TransferPlan, backup: bool, deferred: bool, early: dict):
+        """`(work, moves, landing, whole)` of a plan that is not a whole load: its chunks per
+        allocator, how each load chunk moves, a deferred load's landing, a one-program backup's
+        key; every program they need compiled (a compile error leaves both tiers as they were)."""
+        work = []
+        for batch in plan.batches:
+            progs = self._programs.get(batch.allocator)
+            if progs is None or batch.num_pages == 0:
+                continue
+            runs = [(r.offset, r.host_start, r.length) for r in batch.host_runs]
+            work.append((progs, chunking.split(np.asarray(batch.device_pages, np.int32), runs, progs.chunk_pages)))
+        moves = None if backup else [[self._blocks.load_move(progs, part, early) for part in parts]
+                                     for progs, parts in work]
+        landing = None
+        if deferred:
+            work, moves, to_step = self._blocks.defer(work, moves)
+            landing = Landing.create([(progs, names, block, jax.device_put(pages, progs.home))
+                                      for progs, names, block, pages in to_step],
+                                     self._needed, self.layer_groups) if to_step else None
+        whole = self._whole.backup_key(work) if backup else None
+        if whole is not None:
+            self._plan_programs.compiled(True, whole)
+        elif backup:
+            for progs, parts in work:
+                for part in parts:
+                    for key in self._backup_keys(part):
+                        progs.compiled(*key)
+        else:
+            for (progs, parts), chunk_moves in zip(work, moves):
+                for part, move in zip(parts, chunk_moves):
+                    for key in self._blocks.load_keys(progs, part, move):
+                        progs.compiled(*key)
+        return work, moves, landing, whole
 
     def land(self, landing: Landing, pools: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """`pools` (donated) with every group of a deferred load's `landing` written, by one
@@ -227,7 +241,7 @@ class TransferEngine:
             for key in warm.chunk_keys(progs, limit, lambda pages: self._blocks.early(progs, pages)):
                 progs.compiled(*key)
         plans = [] if self.devices.mesh is not None else warm.plan_shapes(
-            self._programs, self.layout.anchor.name, self._plan_window, MAX_CHUNK_PAGES, max_pages)
+            self._programs, self.layout.anchor.name, self._whole.window, MAX_CHUNK_PAGES, max_pages)
         for runs in plans:
             self._plan_programs.compiled(True, runs)
             self._plan_programs.compiled(False, tuple((a, n, int(self._blocks.early(self._programs[a], n)))
@@ -280,37 +294,21 @@ class TransferEngine:
             return [(Program.PACK, pages)]
         return [(Program.PACK, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups)]
 
-    def _whole_plan(self, work, moves) -> tuple[tuple[str, int], ...] | None:
-        """The `PlanPrograms` key when a multi-allocator plan on a single device moves as one
-        program: every allocator one chunk, each exactly one block on load (`moves` are the
-        load's chunk moves, None for a backup), in a shape `warmup` compiles (a prefix's pages
-        and its window's); else None."""
-        if len(work) < 2 or self.devices.mesh is not None or any(len(parts) != 1 for _, parts in work):
-            return None
-        if {progs.fmt.allocator for progs, _ in work} != set(self._programs) or any(
-                parts[0].padded_pages > self._plan_window
-                for progs, parts in work if progs.fmt.allocator != self.layout.anchor.name):
-            return None
-        if moves is None:
-            return tuple((progs.fmt.allocator, parts[0].padded_pages) for progs, parts in work)
-        if any(chunk_moves[0][0] == "pieces" for chunk_moves in moves):
-            return None
-        return tuple((progs.fmt.allocator, parts[0].padded_pages, int(chunk_moves[0][0] == "rows"))
-                     for (progs, parts), chunk_moves in zip(work, moves))
-
-    def _move_plan(self, whole, work, moves, pools: dict[str, jax.Array]) -> list[jax.Array]:
-        """Dispatch a whole plan as one program (see `_whole_plan`); updates `pools` on load."""
-        names = [[s.name for s in progs.fmt.pools] for progs, _ in work]
-        arrays = tuple(tuple(pools[n] for n in ns) for ns in names)
-        idx = plan_index([parts[0].device_pages for _, parts in work], self._ints.index)
-        program = self._plan_programs.compiled(moves is None, whole)
-        if moves is None:
-            return [tok for (progs, parts), rows in zip(work, program(arrays, idx))
-                    for tok in self._store(progs, parts[0], rows)]
-        new, token = program(arrays, tuple(chunk_moves[0][1] for chunk_moves in moves), idx)
-        for ns, arrs in zip(names, new):
-            pools.update(zip(ns, arrs))
+    def _load_plan(self, program, key, blocks, pages, pools: dict[str, jax.Array]) -> list[jax.Array]:
+        """Call a whole load's plan program (`WholePlans.load`); updates `pools`."""
+        names = [[s.name for s in self._programs[a].fmt.pools] for a, *_ in key]
+        new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), blocks,
+                             plan_index(pages, self._ints.index))
+        for ns, arrays in zip(names, new):
+            pools.update(zip(ns, arrays))
         return [token]
+
+    def _backup_plan(self, key, work, pools) -> list[jax.Array]:
+        """Dispatch a whole backup as one program (`WholePlans.backup_key`)."""
+        arrays = tuple(tuple(pools[s.name] for s in progs.fmt.pools) for progs, _ in work)
+        rows = self._plan_programs.compiled(True, key)(arrays, plan_index([parts[0].device_pages for _, parts in work],
+                                                                          self._ints.index))
+        return [tok for (progs, parts), r in zip(work, rows) for tok in self._store(progs, parts[0], r)]
 
     def _backup(self, progs: AllocatorPrograms, parts, pools) -> list[jax.Array]:
         args = [pools[s.name] for s in progs.fmt.pools]

@@ -306,3 +306,28 @@ def test_warmup_keeps_every_one_page_index_so_a_first_hit_hands_over_nothing(mon
     t.run("load", {"kv": ([DEVICE_PAGES - 1], [3]), "swa": ([DEVICE_PAGES - 2], [1])})
     t.run("load", {"kv": ([0], [5])})
     assert puts == [] and len(t.engine._ints) == DEVICE_PAGES
+
+
+def test_a_whole_load_moves_by_one_plan_program_read_straight_off_the_plan(monkeypatch):
+    """A load of whole host blocks of every allocator (a prefix's load-back) runs one plan
+    program without chunking its plan; any other load is chunked and still moves the right
+    bytes, with or without an early copy of its blocks."""
+    from hicache_jax.transfer import chunks
+    t = Harness("tiny_v4", None, "reference")
+    t.run("backup", {"kv": ([0, 1, 2, 3], [8, 9, 10, 11]), "swa": ([2], [5])})
+    t.run("backup", {"kv": ([4, 5], [20, 21]), "swa": ([3], [6])})
+    split, plans = chunks.split, []
+    monkeypatch.setattr(chunks, "split", lambda *a: plans.append("chunked") or split(*a))
+    compiled = t.engine._plan_programs.compiled
+    monkeypatch.setattr(t.engine._plan_programs, "compiled",
+                        lambda backup, runs: plans.append(runs) or compiled(backup, runs))
+    t.run("load", {"kv": ([7, 1, 4, 10], [8, 9, 10, 11]), "swa": ([0], [5])})
+    assert plans == [(("kv", 4, 0), ("swa", 1, 0))]                 # one program, no chunking
+    plans.clear()
+    t.engine._blocks.early_bytes = 1                                  # every block copied early
+    t.run("load", {"kv": ([3, 2], [20, 21]), "swa": ([1], [6])})
+    assert plans == [(("kv", 2, 1), ("swa", 1, 1))]                   # the blocks' device copies
+    plans.clear()
+    t.run("load", {"kv": ([0, 5, 6], [9, 10, 11]), "swa": ([2], [6])})   # 3 pages, not one block
+    assert "chunked" in plans and not any(isinstance(p, tuple) for p in plans)
+    t.check()
