@@ -139,7 +139,7 @@ def make_plan(
         if validate:
             _check_unique_in_range(np.sort(dev), f"{allocator} device pages", (device_capacity or {}).get(allocator))
             _check_unique_in_range(host, f"{allocator} host pages", (host_capacity or {}).get(allocator))
-        pools = tuple(p.name for p in layout.moving_with(spec.name))
+        pools = layout.moving_names[spec.name]
         batches.append(PageBatch(allocator, pools, dev, host, coalesce(host)))
     return TransferPlan(direction, tuple(batches))
 

@@ -72,7 +72,8 @@ class TierAllocators:
         for name, n in need.items():
             if name not in self._pages:
                 raise ValueError(f"resolve names {name!r}, which has no {self.tier} allocator")
-            validate.count(f"{self.tier} pages of {name!r}", n)
+            if n.__class__ is not int or n < 0:   # a plain count passes; anything else is named
+                validate.count(f"{self.tier} pages of {name!r}", n)
             if n > self._pages[name].capacity:
                 return None
         for attempt in range(2):

@@ -1,4 +1,5 @@
 """Page allocators, the anchor's slot view, pools without allocators, atomic resolve."""
+import numpy as np
 import pytest
 
 from hicache_jax.alloc import PageAllocator, TierAllocators
@@ -80,5 +81,11 @@ def test_resolve_rejects_unknown_and_negative():
         tier.resolve({"deepseek_v4_c4": 1})
     with pytest.raises(ValueError, match="-1"):
         tier.resolve({"kv": -1})
+    for bad in (True, 1.0, "1", np.int64(-2)):      # named, and nothing taken
+        with pytest.raises(ValueError, match="device pages of 'kv'"):
+            tier.resolve({"kv": bad, "swa": 1})
+    assert tier["kv"].available() == 4 and tier["swa"].available() == 4
+    got = tier.resolve({"kv": np.int64(2), "swa": np.int32(1)})   # numpy counts are counts
+    assert got.get("kv").size == 2 and got.get("swa").size == 1
     with pytest.raises(ValueError, match="missing"):
         TierAllocators(layout("tiny_v4"), "device", {"kv": 4})
