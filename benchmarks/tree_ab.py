@@ -15,6 +15,7 @@ import importlib
 import json
 import pathlib
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -31,9 +32,15 @@ clock = time.perf_counter
 
 
 def load_base(rev: str, into: pathlib.Path):
-    """The `hicache_jax` package of git revision `rev`, imported as `hicache_base`."""
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "hicache_jax"], check=True, capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
+    """The `hicache_jax` package of git revision `rev` (or of the directory `rev`, which holds
+    one: where there is no git), imported as `hicache_base`."""
+    copy = pathlib.Path(rev) / "hicache_jax"
+    if copy.is_dir():
+        shutil.copytree(copy, into / "hicache_jax", ignore=shutil.ignore_patterns("__pycache__"))
+    else:
+        tar = subprocess.run(["git", "-C", str(ROOT), "archive", rev, "hicache_jax"], check=True,
+                             capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(into)], input=tar, check=True)
     pkg = into / "hicache_base"
     (into / "hicache_jax").rename(pkg)
     for f in pkg.rglob("*.py"):

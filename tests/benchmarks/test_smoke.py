@@ -127,3 +127,11 @@ def test_one_page_parts_smoke(tmp_path):
     assert r["exact"] == {"reference": True}
     assert r["ms"]["acquire_reference"] > r["ms"]["bare_reference"] > 0 and r["python_ms"]["reference"] > 0
     assert set(r["breakdown_ms"]["reference"]) == {"match", "plan", "dispatch", "wait", "other"}
+
+
+def test_api_ab_smoke(tmp_path):
+    """This tree's one-page hit against a git revision's (here HEAD), both Python only."""
+    result = run("api_ab.py", tmp_path)
+    (r,) = result["runs"]
+    assert result["base"] == "HEAD" and r["python_only"] and r["rounds"] == 20
+    assert r["ms"]["base"] > 0 and r["ms"]["this"] > 0 and abs(r["paired_saving_ms"]) < r["ms"]["base"]
