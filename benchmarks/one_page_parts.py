@@ -3,8 +3,13 @@ times `acquire` of a one-page prefix (all pools) until its pages are usable, the
 load program that `acquire` just ran again, alone, with the same blocks and page indices
 (`bare`: the runtime's call and the device work, no Python around it), then a contiguous
 `device_put` of the same bytes; medians over the rounds, variants taking turns in one
-process. `acquire - bare` is the Python a hit costs. Each kernel implementation gets its
-own cache (default: the automatic choice and the plain-jnp reference).
+process. Each kernel implementation gets its own cache (default: the automatic choice and
+the plain-jnp reference).
+
+`phases_ms` splits the hit at its program call: the Python before it, the call's own host
+time (the runtime launching the program), and the rest until `acquire` returns (the DMA's
+tail and the bookkeeping when the load lands); and the bare call into its host time and
+the wait for the device.
 
     python benchmarks/one_page_parts.py --out parts.json            # V4-Flash and V4.1-Flash (GPU)
     python benchmarks/one_page_parts.py --smoke --out parts.json    # tiny_v4, CPU, seconds
@@ -43,7 +48,7 @@ class LastLoad:
     """Records the plan load program a cache's engine calls, with its arguments, to call it again."""
 
     def __init__(self, cache: hc.HiCache):
-        self.cache, self.call = cache, None
+        self.cache, self.call, self.called = cache, None, (0.0, 0.0)
         plans = cache.engine._plan_programs
         compiled = plans.compiled
 
@@ -55,24 +60,30 @@ class LastLoad:
 
             def call(pools, blocks, idx):
                 self.call = (program, names, blocks, idx)
-                return program(pools, blocks, idx)
+                t = clock()
+                try:
+                    return program(pools, blocks, idx)
+                finally:
+                    self.called = (t, clock())      # the call's host time, in the hit
             return call
         plans.compiled = recording
 
-    def again(self) -> float:
-        """Call the last load program again on the cache's current pools; seconds until done."""
+    def again(self) -> tuple[float, float]:
+        """Call the last load program again on the cache's current pools: (seconds until the
+        call returns, seconds until its outputs are ready)."""
         if self.call is None:
             raise RuntimeError("no one-program load recorded: the hit did not move as one plan program")
         program, names, blocks, idx = self.call
         pools = self.cache.device_pools
         t = clock()
         new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), blocks, idx)
+        launched = clock() - t
         jax.block_until_ready((new, token))
         took = clock() - t
         for ns, arrays in zip(names, new):
             pools.update(zip(ns, arrays))
         self.cache.set_device_pools(pools)   # the same bytes again: the pages stay what they were
-        return took
+        return launched, took
 
 
 def run(config: str, kernels: list[str], rounds: int) -> dict:
@@ -86,7 +97,7 @@ def run(config: str, kernels: list[str], rounds: int) -> dict:
                                 jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
     on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
     times = {f"{part}_{k}": [] for k in kernels for part in ("acquire", "bare")} | {"contiguous": []}
-    parts, exact = {k: [] for k in kernels}, {}
+    parts, phases, exact = {k: [] for k in kernels}, {k: [] for k in kernels}, {}
     for r in range(rounds + 2):                 # two rounds warm up
         for k, cache in caches.items():
             tokens, written = prefixes[k]
@@ -96,17 +107,21 @@ def run(config: str, kernels: list[str], rounds: int) -> dict:
             breakdowns[k].take(0.0)
             t = clock()
             prefix = cache.acquire(tokens)
+            returned = clock()
             jax.block_until_ready(cache.device_pools)
             took = clock() - t
+            c0, c1 = loads[k].called
             split = breakdowns[k].take(took)
             assert prefix.length == layout.page_size, prefix
             exact.setdefault(k, bench_api.same_bytes(cache, prefix, written))
-            bare = loads[k].again()
+            launched, bare = loads[k].again()
             cache.unlock(prefix.lock)
             if r >= 2:
                 times[f"acquire_{k}"].append(took)
                 times[f"bare_{k}"].append(bare)
                 parts[k].append(split)
+                phases[k].append({"before_call": c0 - t, "call": c1 - c0, "after_call": returned - c1,
+                                  "bare_call": launched, "bare_wait": bare - launched})
         t = clock()
         jax.block_until_ready(jax.device_put(host_block, on_device))
         if r >= 2:
@@ -115,8 +130,8 @@ def run(config: str, kernels: list[str], rounds: int) -> dict:
         cache.close()
     ms = lambda xs: round(statistics.median(xs) * 1e3, 4)
     out = {"config": layout.model.name, "rounds": rounds, "exact": exact, "ms": {k: ms(v) for k, v in times.items()}}
-    out["python_ms"] = {k: round(out["ms"][f"acquire_{k}"] - out["ms"][f"bare_{k}"], 4) for k in kernels}
     out["breakdown_ms"] = {k: {n: ms([p[n] for p in parts[k]]) for n in parts[k][0]} for k in kernels}
+    out["phases_ms"] = {k: {n: ms([p[n] for p in phases[k]]) for n in phases[k][0]} for k in kernels}
     return out
 
 
