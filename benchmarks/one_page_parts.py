@@ -6,6 +6,11 @@ load program that `acquire` just ran again, alone, with the same blocks and page
 process. Each kernel implementation gets its own cache (default: the automatic choice and
 the plain-jnp reference).
 
+`call_ms` (the first kernel set's cache) takes the runtime's call apart, host time until
+each call returns: the hit's load program, the same program on blocks already on the
+device (its scatter kernels alone), the blocks' two copy programs (the copies alone), and a
+trivial jitted function (the runtime's floor per call).
+
 `phases_ms` splits the hit at its program call: the Python before it, the call's own host
 time (the runtime launching the program), and the rest until `acquire` returns (the DMA's
 tail and the bookkeeping when the load lands); and the bare call into its host time and
@@ -29,7 +34,9 @@ import numpy as np
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_api  # noqa: E402  (the same cache and prefix as the public-path benchmark)
 import hicache_jax as hc  # noqa: E402
+from hicache_jax.pools.host_tier import block_rows  # noqa: E402
 from hicache_jax.transfer.engine import TransferEngine  # noqa: E402
+from hicache_jax.transfer.programs import Program, plan_index  # noqa: E402
 
 clock = time.perf_counter
 
@@ -86,6 +93,46 @@ class LastLoad:
         return launched, took
 
 
+def call_costs(cache: hc.HiCache, tokens, rounds: int) -> dict[str, float]:
+    """Host time (ms, medians) until each call returns: the one-page load program of
+    `tokens`' prefix, its scatter alone, its copies alone, and a trivial jit."""
+    engine = cache.engine
+    cache.evict(10 ** 6, 10 ** 6)
+    cache.drain()
+    job = cache.core.start_load(cache.match_prefix(tokens))
+    cache.core.fail_load(job.load_id)         # only its plan was wanted: nothing moved
+    cache.unlock(job.lock)
+    key, blocks, pages = engine._whole.load(job.plan, {})
+    names = [[s.name for s in engine._programs[a].fmt.pools] for a, *_ in key]
+    idx = plan_index(pages, engine._ints.index)
+    load = engine._plan_programs.compiled(False, key)
+    scatter = engine._plan_programs.compiled(False, tuple((a, n, 1) for a, n, _ in key))
+    copies = [engine._programs[a].compiled(Program.COPY, block_rows(b)) for (a, *_), b in zip(key, blocks)]
+    on_device = jax.block_until_ready(tuple(copy(b) for copy, b in zip(copies, blocks)))
+    x = jax.numpy.zeros(4)
+    trivial = jax.jit(lambda v: v + 1)
+    jax.block_until_ready(trivial(x))
+    spent = {"load_program": [], "scatter_only": [], "copies_only": [], "trivial_jit": []}
+
+    def timed(name, fn):
+        t = clock()
+        out = fn()
+        spent[name].append(clock() - t)
+        return jax.block_until_ready(out)
+
+    for r in range(rounds + 2):
+        for name, rows in (("load_program", blocks), ("scatter_only", on_device)):
+            pools = cache.device_pools
+            program = load if name == "load_program" else scatter
+            new, _ = timed(name, lambda: program(tuple(tuple(pools[n] for n in ns) for ns in names), rows, idx))
+            for ns, arrays in zip(names, new):
+                pools.update(zip(ns, arrays))
+            cache.set_device_pools(pools)     # the same bytes again
+        timed("copies_only", lambda: [copy(b) for copy, b in zip(copies, blocks)])
+        timed("trivial_jit", lambda: trivial(x))
+    return {name: round(statistics.median(v[2:]) * 1e3, 4) for name, v in spent.items()}
+
+
 def run(config: str, kernels: list[str], rounds: int) -> dict:
     caches = {k: make_cache(config, k) for k in kernels}
     loads = {k: LastLoad(c) for k, c in caches.items()}
@@ -126,12 +173,14 @@ def run(config: str, kernels: list[str], rounds: int) -> dict:
         jax.block_until_ready(jax.device_put(host_block, on_device))
         if r >= 2:
             times["contiguous"].append(clock() - t)
+    calls = call_costs(caches[kernels[0]], prefixes[kernels[0]][0], rounds)
     for cache in caches.values():
         cache.close()
     ms = lambda xs: round(statistics.median(xs) * 1e3, 4)
     out = {"config": layout.model.name, "rounds": rounds, "exact": exact, "ms": {k: ms(v) for k, v in times.items()}}
     out["breakdown_ms"] = {k: {n: ms([p[n] for p in parts[k]]) for n in parts[k][0]} for k in kernels}
     out["phases_ms"] = {k: {n: ms([p[n] for p in phases[k]]) for n in phases[k][0]} for k in kernels}
+    out["call_ms"] = calls
     return out
 
 

@@ -130,6 +130,8 @@ def test_one_page_parts_smoke(tmp_path):
     phases = r["phases_ms"]["reference"]
     assert all(v >= 0 for v in phases.values()) and phases["call"] > 0 and phases["bare_call"] > 0
     assert phases["before_call"] + phases["call"] < r["ms"]["acquire_reference"]
+    assert set(r["call_ms"]) == {"load_program", "scatter_only", "copies_only", "trivial_jit"}
+    assert all(v > 0 for v in r["call_ms"].values())
 
 
 def test_api_ab_smoke(tmp_path):
