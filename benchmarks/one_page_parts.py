@@ -6,15 +6,15 @@ load program that `acquire` just ran again, alone, with the same blocks and page
 process. Each kernel implementation gets its own cache (default: the automatic choice and
 the plain-jnp reference).
 
-`call_ms` (the first kernel set's cache) takes the runtime's call apart, host time until
-each call returns: the hit's load program, the same program on blocks already on the
-device (its scatter kernels alone), the blocks' two copy programs (the copies alone), and a
-trivial jitted function (the runtime's floor per call).
-
 `phases_ms` splits the hit at its program call: the Python before it, the call's own host
 time (the runtime launching the program), and the rest until `acquire` returns (the DMA's
 tail and the bookkeeping when the load lands); and the bare call into its host time and
 the wait for the device.
+
+`call_ms` (the first kernel set's cache) takes the runtime's call apart, host time until
+each call returns: the hit's load program, the same program on blocks already on the
+device (its scatter kernels alone), the blocks' two copy programs (the copies alone), and a
+trivial jitted function (the runtime's floor per call).
 
     python benchmarks/one_page_parts.py --out parts.json            # V4-Flash and V4.1-Flash (GPU)
     python benchmarks/one_page_parts.py --smoke --out parts.json    # tiny_v4, CPU, seconds
