@@ -29,19 +29,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import hicache_jax  # noqa: E402
-from bench_api import insert_prefix, same_bytes  # noqa: E402
+from bench_api import insert_prefix, make_cache, same_bytes  # noqa: E402
 from tree_ab import load_base  # noqa: E402
 
 clock = time.perf_counter
-
-
-def make_cache(hc, config: str):
-    layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
-    window = layout.window_pages() if layout.swa_pool else 0
-    cfg = hc.HiCacheConfig(device_pages=6, swa_device_pages=window + 2 if window else None,
-                           host_pages={"kv": 6, **({"swa": window + 2} if window else {})},
-                           write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40)
-    return hc.HiCache(layout, cfg)
 
 
 def without_load_programs(cache) -> None:
@@ -52,7 +43,7 @@ def without_load_programs(cache) -> None:
 
 
 def run(packages: dict, config: str, rounds: int, python_only: bool) -> dict:
-    caches = {name: make_cache(hc, config) for name, hc in packages.items()}
+    caches = {name: make_cache(config, 4, package=hc) for name, hc in packages.items()}
     prefixes = {}
     for name, cache in caches.items():
         tokens, written = insert_prefix(cache, 1, seed=0)

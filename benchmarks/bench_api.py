@@ -91,15 +91,21 @@ def same_bytes(cache, prefix, written) -> bool:
     return True
 
 
-def make_cache(config: str, max_pages: int, layer_groups: int = 1, spare: int = 0) -> hc.HiCache:
-    """A cache for prefixes of up to `max_pages` pages, with `spare` more device pages per pool."""
-    layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
+def make_cache(config: str, max_pages: int, layer_groups: int = 1, spare: int = 0, package=hc,
+               kernels: str = "auto") -> hc.HiCache:
+    """A cache for prefixes of up to `max_pages` pages, with `spare` more device pages per pool,
+    from `package` (`hicache_jax`, or an earlier revision of it) on the `kernels` given."""
+    layout = package.build_layout(package.load_model_config(ROOT / "configs" / f"{config}.json"))
     window = layout.window_pages() if layout.swa_pool else 0
-    cfg = hc.HiCacheConfig(device_pages=max_pages + 2 + spare, swa_device_pages=window + 2 + spare if window else None,
+    cfg = package.HiCacheConfig(device_pages=max_pages + 2 + spare, swa_device_pages=window + 2 + spare if window else None,
                            host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
                            write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40,
                            layer_groups=layer_groups)
-    return hc.HiCache(layout, cfg)
+    engine = None if kernels == "auto" else package.TransferEngine(
+        layout, *cfg.page_counts(layout), max_staging_bytes=cfg.max_staging_bytes,
+        host_memory_limit_bytes=cfg.host_limit_bytes(), layer_groups=layer_groups,
+        max_deferred_blocks=cfg.max_deferred_blocks, kernels=kernels)
+    return package.HiCache(layout, cfg, engine=engine)
 
 
 class Breakdown:

@@ -35,20 +35,9 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import bench_api  # noqa: E402  (the same cache and prefix as the public-path benchmark)
 import hicache_jax as hc  # noqa: E402
 from hicache_jax.pools.host_tier import block_rows  # noqa: E402
-from hicache_jax.transfer.engine import TransferEngine  # noqa: E402
 from hicache_jax.transfer.programs import Program, plan_index  # noqa: E402
 
 clock = time.perf_counter
-
-
-def make_cache(config: str, kernels: str) -> hc.HiCache:
-    base = bench_api.make_cache(config, 4)
-    layout, cfg = base.layout, base.config
-    base.close()
-    device, host = cfg.page_counts(layout)
-    engine = TransferEngine(layout, device, host, max_staging_bytes=cfg.max_staging_bytes,
-                            host_memory_limit_bytes=cfg.host_limit_bytes(), kernels=kernels)
-    return hc.HiCache(layout, cfg, engine=engine)
 
 
 class LastLoad:
@@ -134,7 +123,7 @@ def call_costs(cache: hc.HiCache, tokens, rounds: int) -> dict[str, float]:
 
 
 def run(config: str, kernels: list[str], rounds: int) -> dict:
-    caches = {k: make_cache(config, k) for k in kernels}
+    caches = {k: bench_api.make_cache(config, 4, kernels=k) for k in kernels}
     loads = {k: LastLoad(c) for k, c in caches.items()}
     prefixes = {k: bench_api.insert_prefix(c, 1, seed=0) for k, c in caches.items()}
     breakdowns = {k: bench_api.Breakdown(c) for k, c in caches.items()}
