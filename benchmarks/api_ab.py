@@ -1,14 +1,21 @@
-"""A one-page host hit (`acquire` of a one-page prefix, all pools) of this tree against an
-earlier revision of itself, in one process, alternating which goes first each round.
+"""A host hit (`acquire` of a prefix that lives on the host only, all pools) of this tree
+against an earlier revision of itself, or under other early-copy thresholds, in one
+process, taking turns in a rotating order each round.
 
-Both caches hold the same kind of prefix (random bytes, `bench_api.insert_prefix`) and
-evict and reload it every round; the times are medians, and `paired_saving_ms` the median
-of the per-round differences (base - this tree), so drift between rounds hits both alike.
-`--python-only` replaces both load programs by a call that returns the pools as they are,
+Every variant holds the same kind of prefix (random bytes, `bench_api.insert_prefix`) in
+a cache of its own and evicts and reloads it every round; each round also times a
+contiguous pinned-host -> device `device_put` of the same bytes (the raw link, measured
+beside them). The times are medians, and `paired_saving_ms[v]` the median of the
+per-round differences (first variant - v), so drift between rounds hits all alike.
+`--python-only` replaces every load program by a call that returns the pools as they are,
 which leaves the Python of the hit (the tree, the engine's checks, the bookkeeping).
+`--page-spread K` holds `r % K` device pages of each pool in round `r` (after `warmup(1)`),
+so the hits land on other pages, as a serving loop's do.
 
     python benchmarks/api_ab.py --base 5f3e571 --out api_ab.json                 # GPU: the whole hit
     python benchmarks/api_ab.py --base 5f3e571 --python-only --out api_ab.json   # its Python alone
+    python benchmarks/api_ab.py --base none --early-copy-bytes 12582912,4194304 --pages 1,16 \\
+        --page-spread 64 --out early.json                                       # thresholds, this tree
     python benchmarks/api_ab.py --smoke --out api_ab.json                        # tiny_v4 against HEAD, CPU
 """
 from __future__ import annotations
@@ -24,15 +31,17 @@ import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import hicache_jax  # noqa: E402
-from bench_api import insert_prefix, make_cache, same_bytes  # noqa: E402
+from bench_api import insert_prefix, make_cache, prefix_bytes, same_bytes  # noqa: E402
 from tree_ab import load_base  # noqa: E402
 
 clock = time.perf_counter
+WARM_ROUNDS = 20
 
 
 def without_load_programs(cache) -> None:
@@ -42,51 +51,81 @@ def without_load_programs(cache) -> None:
     plans.compiled = lambda backup, runs: compiled(backup, runs) if backup else (lambda pools, *_: (pools, token))
 
 
-def run(packages: dict, config: str, rounds: int, python_only: bool) -> dict:
-    caches = {name: make_cache(config, 4, package=hc) for name, hc in packages.items()}
-    prefixes = {}
+def run(variants: dict, config: str, pages: int, rounds: int, python_only: bool, spread: int = 0) -> dict:
+    """`variants`: `{name: (package, early_copy_bytes or None)}`."""
+    caches = {name: make_cache(config, pages, spare=spread, package=hc, early_copy_bytes=early)
+              for name, (hc, early) in variants.items()}
+    prefixes, exact = {}, {}
     for name, cache in caches.items():
-        tokens, written = insert_prefix(cache, 1, seed=0)
+        if spread:
+            cache.warmup(1)
+        tokens, written = insert_prefix(cache, pages, seed=0)
         cache.evict(10 ** 6, 10 ** 6)
         prefix = cache.acquire(tokens)
-        if not same_bytes(cache, prefix, written):
+        exact[name] = bool(same_bytes(cache, prefix, written))
+        if not exact[name]:
             sys.exit(f"api_ab: {name} restored other bytes than were written")
         cache.unlock(prefix.lock)
         prefixes[name] = tokens
         if python_only:
             without_load_programs(cache)
-    times = {name: [] for name in caches}
+    layout = next(iter(caches.values())).layout
+    window = bool(layout.swa_pool)
+    dev = jax.devices()[0]
+    block = jax.device_put(np.zeros(prefix_bytes(layout, pages), np.uint8),
+                           jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
+    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+    names = list(caches)
+    times = {name: [] for name in [*names, "contiguous"]}
+    landed_on = {name: set() for name in names}
     gc.disable()                      # a collection lands in one round of one side
     try:
-        for r in range(rounds + 20):  # 20 rounds warm up
-            for name in (list(caches) if r % 2 else list(caches)[::-1]):
+        for r in range(rounds + WARM_ROUNDS):
+            shift = r % len(names)
+            for name in names[shift:] + names[:shift]:
                 cache = caches[name]
                 cache.evict(10 ** 6, 10 ** 6)
                 cache.drain()
+                held = cache.alloc(r % spread, r % spread if window else 0) if spread else {}
                 jax.block_until_ready(cache.device_pools)
                 t = clock()
                 prefix = cache.acquire(prefixes[name])
                 jax.block_until_ready(cache.device_pools)
                 took = clock() - t
-                assert prefix.length == cache.layout.page_size, prefix
+                assert prefix.length == pages * layout.page_size, prefix
+                landed_on[name].add(int(prefix.device_pages[0]))
                 cache.unlock(prefix.lock)
-                if r >= 20:
+                for allocator, taken in held.items():
+                    cache.free(allocator, taken)
+                if r >= WARM_ROUNDS:
                     times[name].append(took)
+            t = clock()
+            jax.block_until_ready(jax.device_put(block, on_device))
+            if r >= WARM_ROUNDS:
+                times["contiguous"].append(clock() - t)
     finally:
         gc.enable()
     for cache in caches.values():
         cache.close()
-    out = {"config": config, "rounds": rounds, "python_only": python_only,
-           "ms": {name: round(statistics.median(v) * 1e3, 4) for name, v in times.items()}}
-    out["paired_saving_ms"] = round(statistics.median(b - t for b, t in zip(times["base"], times["this"])) * 1e3, 4)
-    return out
+    first = times[names[0]]
+    return {"config": config, "pages": pages, "rounds": rounds, "python_only": python_only, "page_spread": spread,
+            "early_copy_bytes": {name: early for name, (_, early) in variants.items()}, "exact": exact,
+            "first_pages_landed_on": {name: len(v) for name, v in landed_on.items()},
+            "ms": {name: round(statistics.median(v) * 1e3, 4) for name, v in times.items()},
+            "paired_saving_ms": {name: round(statistics.median(a - b for a, b in zip(first, times[name])) * 1e3, 4)
+                                 for name in names[1:]}}
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", default="HEAD", help="git revision to compare with, or a directory holding its hicache_jax")
+    ap.add_argument("--base", default="HEAD",
+                    help="git revision to compare with, a directory holding its hicache_jax, or none")
+    ap.add_argument("--early-copy-bytes", default="",
+                    help="this tree under each of these early-copy thresholds (default: the engine's)")
     ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash")
+    ap.add_argument("--pages", default="1")
     ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--page-spread", type=int, default=0)
     ap.add_argument("--python-only", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4 against HEAD, 20 rounds, Python only: CPU, seconds")
     ap.add_argument("--out", default="api_ab.json")
@@ -96,12 +135,17 @@ def main():
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),
               "base": args.base, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:
-        packages = {"base": load_base(args.base, pathlib.Path(tmp)), "this": hicache_jax}
+        variants = {} if args.base == "none" else {"base": (load_base(args.base, pathlib.Path(tmp)), None)}
+        thresholds = [int(x) for x in args.early_copy_bytes.split(",") if x]
+        variants |= {f"early={x}": (hicache_jax, x) for x in thresholds} or {"this": (hicache_jax, None)}
+        if len(variants) < 2:
+            sys.exit("api_ab: give a base, or at least two early-copy thresholds")
         for config in args.configs.split(","):
-            r = run(packages, config, args.rounds, args.python_only)
-            result["runs"].append(r)
-            print(json.dumps(r), flush=True)
-            pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
+            for pages in (int(p) for p in args.pages.split(",")):
+                r = run(variants, config, pages, args.rounds, args.python_only, args.page_spread)
+                result["runs"].append(r)
+                print(json.dumps(r), flush=True)
+                pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
 
 
 if __name__ == "__main__":

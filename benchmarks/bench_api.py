@@ -92,19 +92,21 @@ def same_bytes(cache, prefix, written) -> bool:
 
 
 def make_cache(config: str, max_pages: int, layer_groups: int = 1, spare: int = 0, package=hc,
-               kernels: str = "auto") -> hc.HiCache:
+               kernels: str = "auto", early_copy_bytes: int | None = None) -> hc.HiCache:
     """A cache for prefixes of up to `max_pages` pages, with `spare` more device pages per pool,
-    from `package` (`hicache_jax`, or an earlier revision of it) on the `kernels` given."""
+    from `package` (`hicache_jax`, or an earlier revision of it) on the `kernels` given, copying
+    loads early from `early_copy_bytes` (None: the engine's default)."""
     layout = package.build_layout(package.load_model_config(ROOT / "configs" / f"{config}.json"))
     window = layout.window_pages() if layout.swa_pool else 0
     cfg = package.HiCacheConfig(device_pages=max_pages + 2 + spare, swa_device_pages=window + 2 + spare if window else None,
                            host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
                            write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40,
                            layer_groups=layer_groups)
-    engine = None if kernels == "auto" else package.TransferEngine(
+    engine = None if kernels == "auto" and early_copy_bytes is None else package.TransferEngine(
         layout, *cfg.page_counts(layout), max_staging_bytes=cfg.max_staging_bytes,
         host_memory_limit_bytes=cfg.host_limit_bytes(), layer_groups=layer_groups,
-        max_deferred_blocks=cfg.max_deferred_blocks, kernels=kernels)
+        max_deferred_blocks=cfg.max_deferred_blocks, kernels=kernels,
+        **({} if early_copy_bytes is None else {"early_copy_bytes": early_copy_bytes}))
     return package.HiCache(layout, cfg, engine=engine)
 
 

@@ -139,4 +139,5 @@ def test_api_ab_smoke(tmp_path):
     result = run("api_ab.py", tmp_path)
     (r,) = result["runs"]
     assert result["base"] == "HEAD" and r["python_only"] and r["rounds"] == 20
-    assert r["ms"]["base"] > 0 and r["ms"]["this"] > 0 and abs(r["paired_saving_ms"]) < r["ms"]["base"]
+    assert r["ms"]["base"] > 0 and r["ms"]["this"] > 0 and abs(r["paired_saving_ms"]["this"]) < r["ms"]["base"]
+    assert r["ms"]["contiguous"] > 0 and r["exact"] == {"base": True, "this": True}
