@@ -150,8 +150,9 @@ class HiCache:
     def _load_back(self, match: MatchResult, patient: bool, deferred: bool = False) -> LoadBack:
         """`load_back`; when `patient`, backups in flight that pin the room it needs are
         waited for rather than refused."""
-        if not deferred:   # large blocks start their copy while the tree plans
-            self.engine.prefetch(match.host_len // self.layout.page_size, lambda: self.core.load_host_pages(match))
+        if not deferred:   # a large block starts its copy while the tree plans
+            self.engine.prefetch(self.anchor, match.host_len // self.layout.page_size,
+                                 lambda: self.core.anchor_host_pages(match))
         job = self.core.start_load(match)
         self._flush_demotions()
         if job is Refusal.NO_DEVICE_SPACE and patient and self._land_in_flight(loads=True):

@@ -4,17 +4,16 @@ whole blocks, rows read and written outside any plan, and compaction.
 Host pages live in pinned blocks (`HostTier`): a load chunk that is exactly one block
 moves whole (`("block", block)`), or from the device copy an early copy program of that
 block started (`("rows", copy)`); any other chunk gathers its rows block by block
-(`("pieces", ...)`). A load's whole blocks are copied early when together they reach
-`early_bytes`: when the tree is about to plan the load (`prefetch`), or first thing in the
-load's `start`, so the copy engine moves them while Python plans, checks and dispatches; it
-costs a device copy of each block until it is unpacked. The copy is one program that takes
-only the blocks (`Program.COPY`, `PlanPrograms.copies`): no page index to hand over, so its
-DMA starts at once, and its call costs less host time than `jax.device_put`.
+(`("pieces", ...)`). An early copy starts when the tree is about to plan a load
+(`prefetch`) or first thing in the load's `start`, so the copy engine moves the block while
+Python checks and dispatches; it costs a device copy of the block until it is unpacked.
+The copy is a program that takes only the block (`Program.COPY`): no page index to hand
+over, so its DMA starts at once, and its call costs less host time than `jax.device_put`.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -25,12 +24,14 @@ from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.transfer import chunks as chunking
-from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program
+from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
 # A one-block load chunk this large starts its copy before the checks. On the H200 a 12-16 MiB
 # block gained 0.15-0.22 ms from it (16 V4-Flash / 32 V4.1-Flash pages), while an 8 MB one
 # (a V4-Flash SWA page) lost 0.13-0.16 ms: the copy program's call outweighs the overlap.
+# Copying a load's smaller blocks together (one program, started before the tree plans) lost
+# too: 0.09-0.22 ms at one page, 0.10 ms for 16 V4.1-Flash pages (6.7 + 6.0 MB).
 EARLY_COPY_BYTES = 12 << 20
 DEFAULT_MAX_DEFERRED_BLOCKS = 2  # whole host blocks per allocator a deferred load leaves to the step
 
@@ -39,9 +40,9 @@ class HostBlocks:
     """Block-level moves of one engine: `programs` by allocator over `host`'s blocks
     (one-element indices from the engine's `ints`)."""
 
-    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], plans: PlanPrograms,
-                 ints: ResidentIndices, early_copy_bytes: int, max_deferred: int):
-        self.host, self._programs, self._plans, self._ints = host, programs, plans, ints
+    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
+                 early_copy_bytes: int, max_deferred: int):
+        self.host, self._programs, self._ints = host, programs, ints
         self.early_bytes = early_copy_bytes
         self.max_deferred = validate.count("max_deferred_blocks", max_deferred, minimum=1)
         # by id(block): (block, device copy); holding the block keeps its id from being reused
@@ -49,65 +50,50 @@ class HostBlocks:
 
     # -- early copies ------------------------------------------------------------------------
     def early(self, progs: AllocatorPrograms, pages: int) -> bool:
-        """Whether a one-allocator load chunk of `pages` pages that is one block is copied early."""
+        """Whether a whole-block load chunk of `pages` pages moves by an early copy."""
         return not progs.broadcast_load and pages * progs.fmt.row_bytes >= self.early_bytes
 
-    def early_runs(self, runs) -> bool:
-        """Whether a load of whole blocks `runs` (`((allocator, pages), ...)`) copies them early."""
-        return sum(n * self._programs[a].fmt.row_bytes for a, n in runs) >= self.early_bytes
-
-    def prefetch(self, pages: Mapping[str, np.ndarray] | None) -> bool:
-        """Start copying a load's host blocks to the device ahead of the load, given the host
-        pages it will move per allocator (`pages`; None: none). An allocator's pages are
-        copied when they are one whole block, and only when such blocks of the load reach
-        `early_bytes` together; one program copies them all. The next load that moves those
-        blocks unpacks the copies; the next load's start drops any copy it did not use. True
-        if a copy is under way."""
-        wanted = []
-        for allocator, run in (pages or {}).items():
-            run = np.asarray(run)
-            if run.ndim == 1 and run.size and np.issubdtype(run.dtype, np.integer) and (np.diff(run) == 1).all():
-                wanted.append((allocator, int(run[0]), int(run.size)))
-        return self._copy(wanted, self._prefetched)
+    def prefetch(self, allocator: str, num_pages: int, host_pages: Callable[[], np.ndarray | None]) -> bool:
+        """Start copying `allocator`'s host pages to the device ahead of the load that will
+        move them, when they are one whole block of at least `early_bytes`: `num_pages` says
+        how many the load will move (smaller loads return at once), `host_pages()` which
+        (None: none). The next load that moves that block unpacks the copy; the next load's
+        start drops any copy it did not use. True if a copy is under way."""
+        progs = self._programs.get(allocator)
+        if progs is None or not self.early(progs, num_pages) or (pages := host_pages()) is None:
+            return False
+        pages = np.asarray(pages)
+        if pages.ndim != 1 or not pages.size or not np.issubdtype(pages.dtype, np.integer):
+            return False
+        if not (np.diff(pages) == 1).all():
+            return False
+        return self._copy(allocator, int(pages[0]), int(pages.size), self._prefetched)
 
     def early_copies(self, plan: TransferPlan) -> dict[int, tuple[jax.Array, jax.Array]]:
         """The early copies a load plan uses, `{id(block): (block, device copy)}`: those
-        `prefetch` started, and new ones of its one-block batches when they reach
-        `early_bytes` together. A plan that would not pass the checks starts nothing new
-        (`check_plan` names it)."""
+        `prefetch` started, and a new one for every large one-block batch without one. A
+        plan that would not pass the checks starts nothing new (`check_plan` names it)."""
         if getattr(plan, "direction", None) is not Direction.LOAD:
             return {}
         copies, self._prefetched = self._prefetched, {}
         try:
-            self._copy([(b.allocator, b.host_runs[0].host_start, b.num_pages) for b in plan.batches
-                        if len(b.host_runs) == 1 and b.host_runs[0].length == b.num_pages], copies)
+            for batch in plan.batches:
+                if len(batch.host_runs) == 1 and batch.host_runs[0].length == batch.num_pages:
+                    self._copy(batch.allocator, batch.host_runs[0].host_start, batch.num_pages, copies)
         except (IndexError, TypeError, ValueError, AttributeError):
             pass
         return copies
 
-    def _copy(self, wanted: list[tuple[str, int, int]], into: dict) -> bool:
-        """Copy to the device, by one program, the whole blocks of `wanted` (`(allocator,
-        first host page, pages)`) not in `into` yet, if together they reach `early_bytes`;
-        records them in `into`. True if any copy is under way."""
-        found = []
-        for allocator, start, n in wanted:
-            progs = self._programs.get(allocator)
-            if progs is not None and not progs.broadcast_load and 0 < n <= progs.chunk_pages and not n & (n - 1) \
-                    and 0 <= start <= self.host.pages[allocator] - n:
-                found.append((allocator, start, n, n * progs.fmt.row_bytes))
-        if not found or sum(f[3] for f in found) < self.early_bytes:   # before looking a block up
+    def _copy(self, allocator: str, start: int, n: int, into: dict) -> bool:
+        progs = self._programs.get(allocator)
+        if progs is None or n & (n - 1) or n > progs.chunk_pages or not self.early(progs, n) \
+                or not 0 <= start <= self.host.pages[allocator] - n:
             return False
-        blocks = [(a, block, nbytes) for a, start, n, nbytes in found
-                  if (block := self.host.tables[a].whole(start, n)) is not None and id(block) not in into]
-        if not blocks or sum(nbytes for *_, nbytes in blocks) < self.early_bytes:
+        block = self.host.tables[allocator].whole(start, n)
+        if block is None:
             return False
-        if len(blocks) == 1:
-            (a, block, _), = blocks
-            copies = [self._programs[a].compiled(Program.COPY, block_rows(block))(block)]
-        else:
-            copies = self._plans.copies(tuple((a, block_rows(b)) for a, b, _ in blocks))(tuple(b for _, b, _ in blocks))
-        for (_, block, _), copy in zip(blocks, copies):
-            into[id(block)] = (block, copy)
+        if id(block) not in into:
+            into[id(block)] = (block, progs.compiled(Program.COPY, block_rows(block))(block))
         return True
 
     # -- load chunks -------------------------------------------------------------------------

@@ -69,10 +69,9 @@ class TransferEngine:
     capability >= 9.0), Pallas TPU on TPUs, the reference elsewhere (logged once). A
     layout whose pages the chosen kernels cannot move raises ValueError here; under
     "auto" it falls back to the reference. `block_bytes` caps one copy (default: the
-    backend's). A load's batches that are one host block each, at least `early_copy_bytes` together,
-    start their copy (one program of its own) before the plan is checked, or before the tree
-    plans a load-back (`prefetch`), so the copy engine works while Python plans, checks and
-    dispatches; it holds a device copy of each block until unpacked.
+    backend's). A load batch that is one host block of at least `early_copy_bytes` starts its
+    copy (a program of its own) before the plan is checked, so the copy engine works while
+    the checks and the dispatch run; it holds a device copy of the block until unpacked.
     A deferred load leaves at most `max_deferred_blocks` whole host blocks per allocator (the
     largest) to the model's step: a step compiles once per landing shape, and this bounds them.
     """
@@ -107,8 +106,7 @@ class TransferEngine:
         self._plan_programs = PlanPrograms(self._programs)
         self._ints = ResidentIndices(None if mesh is not None else self.devices.device,
                                      max(self._device.pages.values(), default=0))
-        self._blocks = HostBlocks(self.host, self._programs, self._plan_programs, self._ints, early_copy_bytes,
-                                  max_deferred_blocks)
+        self._blocks = HostBlocks(self.host, self._programs, self._ints, early_copy_bytes, max_deferred_blocks)
         self._whole = WholePlans(self._programs, self.host, layout.anchor.name, layout.window_pages(),
                                  mesh is not None)
         self._staging: dict[str, tuple[jax.Array, ...]] = {}
@@ -246,10 +244,8 @@ class TransferEngine:
             self._programs, self.layout.anchor.name, self._whole.window, MAX_CHUNK_PAGES, max_pages)
         for runs in plans:
             self._plan_programs.compiled(True, runs)
-            early = self._blocks.early_runs(runs)
-            self._plan_programs.compiled(False, tuple((a, n, int(early)) for a, n in runs))
-            if early:
-                self._plan_programs.copies(runs)
+            self._plan_programs.compiled(False, tuple((a, n, int(self._blocks.early(self._programs[a], n)))
+                                                      for a, n in runs))
         return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
 
     # -- host tier access (L3 storage, tests) ----------------------------------------------------
@@ -264,13 +260,9 @@ class TransferEngine:
         progs = self._allocator(allocator)
         self._blocks.write_rows(progs, self._blocks.checked_pages(progs, host_pages), np.asarray(rows))
 
-    def prefetch(self, anchor_pages: int, host_pages) -> bool:
-        """Start copying a load-back's host blocks to the device ahead of its load (see
-        `HostBlocks.prefetch`): `anchor_pages` it moves of the anchor, `host_pages()` the host
-        pages it moves per allocator, asked only when the load could reach the early-copy size."""
-        most = sum(progs.fmt.row_bytes * (anchor_pages if a == self.layout.anchor.name else self._whole.window)
-                   for a, progs in self._programs.items())
-        return most >= self._blocks.early_bytes and self._blocks.prefetch(host_pages())
+    def prefetch(self, allocator: str, num_pages: int, host_pages) -> bool:
+        """Start copying host pages to the device ahead of their load (see `HostBlocks.prefetch`)."""
+        return self._blocks.prefetch(allocator, num_pages, host_pages)
 
     def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
         """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""

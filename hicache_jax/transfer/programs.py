@@ -19,9 +19,8 @@ group; one part, the whole row, by default), and so do blocks and the staging bu
              copy(R)            block [R, ...] -> the whole block on the device (a DMA)
 
 `load_block` moves a chunk that is exactly one block (the common case: a prefix backed up
-as one run and loaded back whole); when a load's whole blocks are large together the engine
-copies them first (`copy`, one program for all of them: `PlanPrograms.copies`), and the
-program unpacks the copies; any other chunk
+as one run and loaded back whole); when that block is large the engine starts its copy
+(`copy`) before it checks the plan, and the program unpacks the copy; any other chunk
 gathers its rows block by block into the engine's staging buffer (`h2d`, a whole-block DMA
 when the piece is the block) and unpacks them. A plan whose every allocator moves as one such chunk runs as ONE program on
 a single device (`PlanPrograms`), so a load-back of a prefix's kv and SWA pages, or the
@@ -229,13 +228,12 @@ class PlanPrograms:
     `pack` (backup, `runs = ((allocator, pages), ...)`: arguments the allocators' pools
     tuples and the device pages (`plan_index`); results their packed rows) or `load_block`
     (load, `runs = ((allocator, pages, on device), ...)`: arguments the pools tuples, the
-    blocks or their device copies, and the device pages). `copies(runs)` copies several
-    allocators' whole blocks to the device in one program: a load-back's early copy.
+    blocks or their device copies, and the device pages).
     """
 
     def __init__(self, programs: dict[str, AllocatorPrograms]):
         self._programs = programs
-        self._cache: dict[tuple, jax.stages.Compiled] = {}   # by (backup, runs) or (COPY, runs)
+        self._cache: dict[tuple, jax.stages.Compiled] = {}   # by (backup, runs)
         self._labels: dict[tuple, str] = {}
         self.jaxprs: dict[str, object] = {}
 
@@ -265,23 +263,6 @@ class PlanPrograms:
                 outs = (tuple(o for _, _, _, (o, _) in built), home)
             program = self._cache[(backup, runs)] = _compile(fn, args, donate, outs, label, self.jaxprs)
             self._labels[(backup, runs)] = label
-        return program
-
-    def copies(self, runs: tuple[tuple[str, int], ...]) -> jax.stages.Compiled:
-        """One program copying whole blocks of several allocators to the device, `runs =
-        ((allocator, block rows), ...)`: the early copy of a load-back (`HostBlocks`)."""
-        program = self._cache.get((Program.COPY, runs))
-        if program is None:
-            label = f"plan:{Program.COPY}{list(runs)}"
-            built = [AllocatorPrograms._copy(self._programs[a], rows) for a, rows in runs]
-            fns = [fn for fn, *_ in built]
-
-            def plan_copy(blocks):
-                return tuple(fn(b) for fn, b in zip(fns, blocks))
-            args = (tuple(args[0] for _, args, _, _ in built),)
-            program = self._cache[(Program.COPY, runs)] = _compile(
-                plan_copy, args, (), tuple(o for *_, o in built), label, self.jaxprs)
-            self._labels[(Program.COPY, runs)] = label
         return program
 
     def labelled(self) -> dict[str, jax.stages.Compiled]:

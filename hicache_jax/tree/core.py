@@ -178,9 +178,9 @@ class TreeCore:
         """Start bringing `match`'s host part to the device, or say why not (see loads.py)."""
         return self._reads.start_load(match)
 
-    def load_host_pages(self, match: MatchResult):
-        """`{allocator: host pages}` a load of `match` would move, or None; changes nothing."""
-        return self._reads.load_host_pages(match)
+    def anchor_host_pages(self, match: MatchResult):
+        """The anchor's host pages a load of `match` would move (i32 array), or None; changes nothing."""
+        return self._reads.anchor_host_pages(match)
 
     def finish_load(self, load_id: LoadId) -> None:
         self._reads.finish_load(load_id)

@@ -72,28 +72,17 @@ class ReadPath:
         self._stats.loads_started += 1
         return job
 
-    def load_host_pages(self, match: MatchResult) -> dict[str, np.ndarray] | None:
-        """`{allocator: host pages, ascending}` a load of `match` would move (None when the
-        match is stale or has none to move); changes nothing. For starting the copy early."""
+    def anchor_host_pages(self, match: MatchResult) -> np.ndarray | None:
+        """The anchor's host pages a load of `match` would move, in order (None when the match
+        is stale or has no host part); changes nothing. For starting the copy early."""
         node = self._tree.get(int(match.host_node))
         if node is None or node.parent is None:
             return None
         chain, rest = self._chain(node)
-        if sum(len(n.tokens) for n in chain) != match.total_len:
+        if sum(len(n.tokens) for n in chain) != match.total_len or not rest:
             return None
-        out = {}
-        if rest:
-            pages = [n.pages[Tier.HOST][0] for n in rest]
-            if any(p is None for p in pages):
-                return None
-            out[self._components.anchor.name] = np.concatenate(pages)
-        for c in self._components.windows:
-            needs = self._window_needs(chain, c.index, c.window_pages)
-            if isinstance(needs, Refusal):
-                return None
-            if needs:
-                out[c.name] = np.sort(np.asarray([n.pages[Tier.HOST][c.index][i] for n, i in needs], np.int32))
-        return out or None
+        pages = [n.pages[Tier.HOST][0] for n in rest]
+        return np.concatenate(pages) if all(p is not None for p in pages) else None
 
     @staticmethod
     def _chain(node: Node) -> tuple[list[Node], list[Node]]:

@@ -229,19 +229,19 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
         t.run("backup", {a: (np.arange(n), run), other: ([1], [3])})
         t.run("load", {a: (np.arange(DEVICE_PAGES - n, DEVICE_PAGES), run), other: ([2], [3])})
         assert f"plan:load_block[('{a}', {n}, 1), ('{other}', 1, 1)]" in t.engine.compiled_programs()
-    # `prefetch`: only whole blocks, of consecutive pages, are copied ahead; the next load's
-    # start takes them (or drops them)
+    # `prefetch`: only one whole block, of consecutive pages, is copied ahead; the next
+    # load's start takes it (or drops it)
     blocks = t.engine._blocks
-    fetch = lambda pages: t.engine.prefetch(n, lambda: pages)
-    assert not fetch(None) and not fetch({a: run[:-1]}) and not fetch({a: run[::-1]}) and not fetch({a: [[1]]})
-    assert not fetch({"nope": run}) and not blocks._prefetched
+    fetch = lambda pages: t.engine.prefetch(a, n, lambda: pages)
+    assert not fetch(None) and not fetch(run[:-1]) and not fetch(run[::-1]) and not fetch([[1]])
+    assert not t.engine.prefetch("nope", n, lambda: run) and not blocks._prefetched
     blocks.early_bytes = 10 ** 12                                  # too small a load: never asked for its pages
-    assert not t.engine.prefetch(n, lambda: pytest.fail("pages of a small load"))
+    assert not t.engine.prefetch(a, n, lambda: pytest.fail("pages of a small load"))
     blocks.early_bytes = 0
-    assert fetch({a: run}) and len(blocks._prefetched) == 1
+    assert fetch(run) and len(blocks._prefetched) == 1
     t.run("load", {a: (np.arange(n), run)})
     assert not blocks._prefetched
-    assert fetch({a: run})
+    assert fetch(run)
     t.run("load", {a: (np.arange(1), run[:1])})                  # another load: the copy is dropped
     assert not blocks._prefetched
     before = {k: as_bytes(v).copy() for k, v in t.pools.items()}
@@ -251,40 +251,6 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
     for k, v in t.pools.items():
         assert not v.is_deleted() and np.array_equal(as_bytes(v), before[k])
 
-
-
-def test_a_load_backs_blocks_are_copied_early_together_or_not_at_all(monkeypatch):
-    """The whole blocks of a load (the kv run and the window page of a load-back) are copied
-    early when together they reach `early_copy_bytes`, even when each alone is smaller, by
-    one program for all of them; below that size none is. The load unpacks the copies and
-    stays exact, started from the tree's side (`prefetch`) or from the engine's `start`."""
-    t = Harness("tiny_v4", None, "reference")
-    kv, swa = t.allocators
-    blocks = t.engine._blocks
-    sizes = {a: t.engine._programs[a].fmt.row_bytes for a in (kv, swa)}
-    plan_copies = []
-    single = blocks._plans.copies
-    monkeypatch.setattr(blocks._plans, "copies", lambda runs: plan_copies.append(runs) or single(runs))
-    t.run("backup", {kv: (np.arange(2), [4, 5]), swa: ([1], [3])})
-    load = {kv: ([6, 2], [4, 5]), swa: ([0], [3])}
-    together = 2 * sizes[kv] + sizes[swa]
-    blocks.early_bytes = together + 1                              # just too small: nothing early
-    assert not t.engine.prefetch(2, lambda: {kv: np.array([4, 5]), swa: np.array([3])})
-    t.run("load", load)
-    assert not plan_copies and not blocks._prefetched
-    blocks.early_bytes = max(2 * sizes[kv], sizes[swa]) + 1       # more than either block alone
-    assert blocks.early_bytes <= together
-    assert t.engine.prefetch(2, lambda: {kv: np.array([4, 5]), swa: np.array([3])})
-    assert plan_copies == [((kv, 2), (swa, 1))] and len(blocks._prefetched) == 2
-    loads = []
-    compiled = t.engine._plan_programs.compiled
-    monkeypatch.setattr(t.engine._plan_programs, "compiled",
-                        lambda backup, runs: loads.append(runs) or compiled(backup, runs))
-    t.run("load", load)
-    assert loads == [((kv, 2, 1), (swa, 1, 1))] and not blocks._prefetched
-    t.run("load", {kv: ([1, 7], [4, 5]), swa: ([3], [3])})          # no prefetch: `start` copies both
-    assert plan_copies[-1] == ((kv, 2), (swa, 1)) and loads[-1] == ((kv, 2, 1), (swa, 1, 1))
-    assert len(plan_copies) == 2
 
 def test_one_page_transfers_hand_their_programs_no_host_data(monkeypatch):
     """A one-page index, and a piece's (or a row read's) block row and staging row, are
