@@ -31,13 +31,12 @@ import time
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import hicache_jax  # noqa: E402
-from bench_api import insert_prefix, make_cache, prefix_bytes, same_bytes  # noqa: E402
+from bench_api import contiguous_copy, hold_pages, insert_prefix, make_cache, release_pages, same_bytes  # noqa: E402
 from tree_ab import load_base  # noqa: E402
 
 clock = time.perf_counter
@@ -55,26 +54,21 @@ def run(variants: dict, config: str, pages: int, rounds: int, python_only: bool,
     """`variants`: `{name: (package, early_copy_bytes or None)}`."""
     caches = {name: make_cache(config, pages, spare=spread, package=hc, early_copy_bytes=early)
               for name, (hc, early) in variants.items()}
-    prefixes, exact = {}, {}
+    prefixes = {}
     for name, cache in caches.items():
         if spread:
             cache.warmup(1)
         tokens, written = insert_prefix(cache, pages, seed=0)
         cache.evict(10 ** 6, 10 ** 6)
         prefix = cache.acquire(tokens)
-        exact[name] = bool(same_bytes(cache, prefix, written))
-        if not exact[name]:
+        if not same_bytes(cache, prefix, written):
             sys.exit(f"api_ab: {name} restored other bytes than were written")
         cache.unlock(prefix.lock)
         prefixes[name] = tokens
         if python_only:
             without_load_programs(cache)
     layout = next(iter(caches.values())).layout
-    window = bool(layout.swa_pool)
-    dev = jax.devices()[0]
-    block = jax.device_put(np.zeros(prefix_bytes(layout, pages), np.uint8),
-                           jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
-    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+    contiguous = contiguous_copy(layout, pages)
     names = list(caches)
     times = {name: [] for name in [*names, "contiguous"]}
     landed_on = {name: set() for name in names}
@@ -86,7 +80,7 @@ def run(variants: dict, config: str, pages: int, rounds: int, python_only: bool,
                 cache = caches[name]
                 cache.evict(10 ** 6, 10 ** 6)
                 cache.drain()
-                held = cache.alloc(r % spread, r % spread if window else 0) if spread else {}
+                held = hold_pages(cache, r % spread) if spread else {}
                 jax.block_until_ready(cache.device_pools)
                 t = clock()
                 prefix = cache.acquire(prefixes[name])
@@ -95,21 +89,19 @@ def run(variants: dict, config: str, pages: int, rounds: int, python_only: bool,
                 assert prefix.length == pages * layout.page_size, prefix
                 landed_on[name].add(int(prefix.device_pages[0]))
                 cache.unlock(prefix.lock)
-                for allocator, taken in held.items():
-                    cache.free(allocator, taken)
+                release_pages(cache, held)
                 if r >= WARM_ROUNDS:
                     times[name].append(took)
-            t = clock()
-            jax.block_until_ready(jax.device_put(block, on_device))
+            ref = contiguous()
             if r >= WARM_ROUNDS:
-                times["contiguous"].append(clock() - t)
+                times["contiguous"].append(ref)
     finally:
         gc.enable()
     for cache in caches.values():
         cache.close()
     first = times[names[0]]
     return {"config": config, "pages": pages, "rounds": rounds, "python_only": python_only, "page_spread": spread,
-            "early_copy_bytes": {name: early for name, (_, early) in variants.items()}, "exact": exact,
+            "early_copy_bytes": {name: early for name, (_, early) in variants.items()}, "exact": True,
             "first_pages_landed_on": {name: len(v) for name, v in landed_on.items()},
             "ms": {name: round(statistics.median(v) * 1e3, 4) for name, v in times.items()},
             "paired_saving_ms": {name: round(statistics.median(a - b for a, b in zip(first, times[name])) * 1e3, 4)

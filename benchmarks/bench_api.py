@@ -78,6 +78,31 @@ def insert_prefix(cache, pages: int, seed: int, token_seed: int | None = None):
     return tokens, written
 
 
+def contiguous_copy(layout, pages: int):
+    """The raw-link reference: a function timing one contiguous pinned-host -> device
+    `device_put` of as many bytes as a prefix of `pages` pages moves (seconds)."""
+    dev = jax.devices()[0]
+    block = jax.device_put(np.zeros(prefix_bytes(layout, pages), np.uint8),
+                           jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
+    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+
+    def timed() -> float:
+        t = clock()
+        jax.block_until_ready(jax.device_put(block, on_device))
+        return clock() - t
+    return timed
+
+
+def hold_pages(cache, n: int) -> dict:
+    """Hold `n` free device pages of each pool (a window pool too), so the next hit lands elsewhere."""
+    return cache.alloc(n, n if cache.window_pages else 0) if n else {}
+
+
+def release_pages(cache, held: dict) -> None:
+    for allocator, taken in held.items():
+        cache.free(allocator, taken)
+
+
 def same_bytes(cache, prefix, written) -> bool:
     pools = cache.device_pools
     for spec in cache.layout.byte_pools:
@@ -98,10 +123,11 @@ def make_cache(config: str, max_pages: int, layer_groups: int = 1, spare: int = 
     loads early from `early_copy_bytes` (None: the engine's default)."""
     layout = package.build_layout(package.load_model_config(ROOT / "configs" / f"{config}.json"))
     window = layout.window_pages() if layout.swa_pool else 0
-    cfg = package.HiCacheConfig(device_pages=max_pages + 2 + spare, swa_device_pages=window + 2 + spare if window else None,
-                           host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
-                           write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40,
-                           layer_groups=layer_groups)
+    cfg = package.HiCacheConfig(device_pages=max_pages + 2 + spare,
+                                swa_device_pages=window + 2 + spare if window else None,
+                                host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
+                                write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40,
+                                layer_groups=layer_groups)
     engine = None if kernels == "auto" and early_copy_bytes is None else package.TransferEngine(
         layout, *cfg.page_counts(layout), max_staging_bytes=cfg.max_staging_bytes,
         host_memory_limit_bytes=cfg.host_limit_bytes(), layer_groups=layer_groups,
@@ -148,15 +174,13 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
     window = min(pages, cache.window_pages)
     tokens, written = insert_prefix(cache, pages, seed, token_seed=seed + pages)
     nbytes = prefix_bytes(layout, pages)
-    dev = jax.devices()[0]
-    host_block = jax.device_put(np.zeros(nbytes, np.uint8), jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
-    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+    contiguous = contiguous_copy(layout, pages)
     rows, exact, landed_on = [], None, set()
     for r in range(rounds + 1):                     # round 0 warms up
         for how in ("acquire", "load_back"):
             cache.evict(10 ** 6, 10 ** 6 if window else 0)
             cache.drain()
-            held = cache.alloc(r % spread, r % spread if window else 0) if spread else {}
+            held = hold_pages(cache, r % spread) if spread else {}
             breakdown.take(0.0)
             t = clock()
             if how == "acquire":
@@ -172,12 +196,9 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
                 exact = same_bytes(cache, prefix, written)
             landed_on.add(int(prefix.device_pages[0]))
             cache.unlock(prefix.lock)
-            for allocator, taken in held.items():
-                cache.free(allocator, taken)
+            release_pages(cache, held)
             assert (prefix.total_len if how == "load_back" else prefix.length) == pages * layout.page_size
-            t = clock()
-            jax.block_until_ready(jax.device_put(host_block, on_device))
-            ref = clock() - t
+            ref = contiguous()
             if r:
                 rows.append((how, took, ref, parts))
     cache.evict(10 ** 6, 10 ** 6 if window else 0)   # make room for the next prefix

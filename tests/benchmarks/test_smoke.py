@@ -140,4 +140,4 @@ def test_api_ab_smoke(tmp_path):
     (r,) = result["runs"]
     assert result["base"] == "HEAD" and r["python_only"] and r["rounds"] == 20
     assert r["ms"]["base"] > 0 and r["ms"]["this"] > 0 and abs(r["paired_saving_ms"]["this"]) < r["ms"]["base"]
-    assert r["ms"]["contiguous"] > 0 and r["exact"] == {"base": True, "this": True}
+    assert r["ms"]["contiguous"] > 0 and r["first_pages_landed_on"] == {"base": 1, "this": 1}
