@@ -131,7 +131,7 @@ def make_cache(config: str, max_pages: int, layer_groups: int = 1, spare: int = 
     engine = None if kernels == "auto" and early_copy_bytes is None else package.TransferEngine(
         layout, *cfg.page_counts(layout), max_staging_bytes=cfg.max_staging_bytes,
         host_memory_limit_bytes=cfg.host_limit_bytes(), layer_groups=layer_groups,
-        max_deferred_blocks=cfg.max_deferred_blocks, kernels=kernels,
+        landing_buckets=cfg.landing_buckets, kernels=kernels,
         **({} if early_copy_bytes is None else {"early_copy_bytes": early_copy_bytes}))
     return package.HiCache(layout, cfg, engine=engine)
 

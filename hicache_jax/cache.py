@@ -67,7 +67,7 @@ class HiCache:
         self.engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, max_staging_bytes=config.max_staging_bytes,
             host_memory_limit_bytes=config.host_limit_bytes(), layer_groups=config.layer_groups,
-            max_deferred_blocks=config.max_deferred_blocks)
+            landing_buckets=config.landing_buckets)
         self._pools = self.engine.init_device_pools()
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         self.tally = Tally()
@@ -112,6 +112,14 @@ class HiCache:
         if max_pages is not None:
             validate.count("max_pages", max_pages, minimum=1)
         self.engine.warmup(max_pages)
+        self._pools = self.engine.warm_landings(self._pools)
+
+    def landing_examples(self):
+        """One `Landing` of every shape a deferred load can hand to a step, landing nothing:
+        run the serving loop's step on each at warm-up (as on a request's first prefill
+        chunk), so that no host hit compiles the step while serving. An iterator: each
+        holds a pinned block of its size until dropped."""
+        return self.engine.landing_examples()
 
     # -- device pools ----------------------------------------------------------------------
     @property

@@ -214,8 +214,9 @@ class HiCacheConfig:
     With `layer_groups` = n > 1 the host tier stores each page as n parts, one per group
     of consecutive model layers, so a deferred load-back can be moved by the model's step
     group by group, under the compute of the groups before (`Landing`). A deferred load
-    leaves at most `max_deferred_blocks` host blocks per allocator (the largest) to the step
-    and moves the rest at once, so the step compiles for a bounded set of landing shapes.
+    leaves one whole anchor block to the step, of one of `landing_buckets` sizes (the
+    largest powers of two of a chunk), and moves the rest at once, so the step compiles for
+    that many landing shapes, at warm-up (`HiCache.landing_examples`).
 
     Backups: a copy runs in device order with the model's steps, so a large backup batch
     delays the next step by its whole transfer time. With `backup_bytes_per_step` set,
@@ -239,7 +240,7 @@ class HiCacheConfig:
     transfer_timeout_s: float = 30.0             # a transfer not done by then is failed
     max_staging_bytes: int = 512 << 20
     layer_groups: int = 1                        # host blocks split by layer group, for deferred loads (Landing)
-    max_deferred_blocks: int = 2                 # per allocator, the largest whole blocks a deferred load defers
+    landing_buckets: int = 3                     # block sizes (pages) a deferred load may leave to a step
     backup_bytes_per_step: int | None = None     # pace write-through backups: about this much per step()
     host_memory_limit_bytes: int | None = None   # default: XLA's pinned host pool cap (see xla_pinned_limit_bytes)
     check_invariants: bool = False               # recompute every invariant after each call (tests)
@@ -288,7 +289,7 @@ class HiCacheConfig:
                 validate.number(f"{_FIELD}{name!r}", v)
         _check_count("max_staging_bytes", self.max_staging_bytes, minimum=1)
         _check_count("layer_groups", self.layer_groups, minimum=1)
-        _check_count("max_deferred_blocks", self.max_deferred_blocks, minimum=1)
+        _check_count("landing_buckets", self.landing_buckets, minimum=1)
         if self.backup_bytes_per_step is not None:
             _check_count("backup_bytes_per_step", self.backup_bytes_per_step, minimum=1)
         if self.host_memory_limit_bytes is not None:

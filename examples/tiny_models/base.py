@@ -26,6 +26,9 @@ from hicache_jax.layout import PoolLayout
 from examples.tiny_models.paged import Chunk
 
 
+_STEPS: dict[tuple, object] = {}   # (model class, layout, max_pages, chunk_size) -> the jitted step
+
+
 class ChunkModel:
     """Base class: argument checks, the single jit, and the two entry points.
 
@@ -51,8 +54,12 @@ class ChunkModel:
         self.max_pages = max_pages
         self.vocab_size = cfg.vocab_size
         self.params: dict = {}
-        # one compiled program per model (and pool shapes): pools are donated and updated in place
-        self._step = jax.jit(self._forward, donate_argnums=(1,))
+        # one jitted step per layout and size: models that differ only in their weights (an
+        # argument) share it and its compiled programs. Pools are donated, updated in place.
+        key = (type(self), layout, max_pages, chunk_size)
+        if key not in _STEPS:
+            _STEPS[key] = jax.jit(self._forward, donate_argnums=(1,))
+        self._step = _STEPS[key]
 
     # ---- public API -------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ for the SWA pool and its state pools). The anchor holds no bytes and has no arra
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Mapping
 
@@ -28,6 +29,7 @@ class DevicePools:
             spec.shard_page_shape(devices.tp if devices.sharded(spec) else 1)  # ValueError if it does not split
         self._expected = [(s, self.shape(s), self.sharding(s)) for s in self.specs]
         self._made: dict[str, weakref.ref] = {}   # the arrays `made` last recorded, by pool
+        self._zeros: dict[str, object] = {}        # the jitted zero-fill of each pool
 
     def made(self, pools: Mapping[str, jax.Array]) -> None:
         """Record `pools` as placed by construction (a program's outputs with these shapes
@@ -42,12 +44,11 @@ class DevicePools:
 
     def zeros(self) -> dict[str, jax.Array]:
         """Fresh zero-filled pools, placed and sharded as `check` expects."""
-        out = {}
-        for spec in self.specs:
-            shape, dtype = self.shape(spec), jnp.dtype(spec.dtype)
-            # built in place by a jit: no host copy, and each shard made on its own device
-            out[spec.name] = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=self.sharding(spec))()
-        return out
+        if not self._zeros:   # built in place by a jit: no host copy, each shard made on its own device
+            for spec in self.specs:
+                make = functools.partial(jnp.zeros, self.shape(spec), jnp.dtype(spec.dtype))
+                self._zeros[spec.name] = jax.jit(make, out_shardings=self.sharding(spec))
+        return {name: make() for name, make in self._zeros.items()}   # compiled once, not per call
 
     def check(self, pools: Mapping[str, jax.Array]) -> None:
         """Raise ValueError naming the pool and the problem unless `pools` is exactly right.

@@ -19,7 +19,6 @@ import jax
 import numpy as np
 from pallas_kernels import PAD
 
-from hicache_jax import validate
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
 from hicache_jax.plan import Direction, TransferPlan
@@ -33,7 +32,10 @@ from hicache_jax.transfer.resident import ResidentIndices
 # Copying a load's smaller blocks together (one program, started before the tree plans) lost
 # too: 0.09-0.22 ms at one page, 0.10 ms for 16 V4.1-Flash pages (6.7 + 6.0 MB).
 EARLY_COPY_BYTES = 12 << 20
-DEFAULT_MAX_DEFERRED_BLOCKS = 2  # whole host blocks per allocator a deferred load leaves to the step
+# A deferred load leaves one whole anchor block to the model's step when its rows are one of
+# the LANDING_BUCKETS largest powers of two of a chunk: the step compiles once per size, at
+# warm-up (`TransferEngine.landing_examples`), never while serving.
+DEFAULT_LANDING_BUCKETS = 3
 
 
 class HostBlocks:
@@ -41,10 +43,10 @@ class HostBlocks:
     (one-element indices from the engine's `ints`)."""
 
     def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
-                 early_copy_bytes: int, max_deferred: int):
+                 early_copy_bytes: int, landing_rows: dict[str, tuple[int, ...]]):
         self.host, self._programs, self._ints = host, programs, ints
         self.early_bytes = early_copy_bytes
-        self.max_deferred = validate.count("max_deferred_blocks", max_deferred, minimum=1)
+        self.landing_rows = landing_rows      # {allocator: block sizes (rows) a step may land}
         # by id(block): (block, device copy); holding the block keeps its id from being reused
         self._prefetched: dict[int, tuple[jax.Array, jax.Array]] = {}
 
@@ -122,25 +124,27 @@ class HostBlocks:
 
     def defer(self, work, moves):
         """Split a load's chunk moves (`start`'s `work`, `moves`): of the whole host blocks it
-        moves (a chunk that is one block, or a piece that is a whole block), the
-        `max_deferred` largest of each allocator are left to a model step; the rest moves
-        now, its deferred staging rows masked (PAD). Returns (work, moves, [(programs, pool
-        names, block, device pages of its rows), ...])."""
+        moves (a chunk that is one block, or a piece that is a whole block), the largest one
+        whose rows are a landing size (`landing_rows`) is left to a model step; the rest moves
+        now, the deferred staging rows masked (PAD). Returns (work, moves, [(programs, pool
+        names, block, device pages of its rows)]) with at most one deferred block, so a step
+        lands one of a few shapes."""
         deferred, kept_work, kept_moves = [], [], []
         for (progs, parts), chunk_moves in zip(work, moves):
             names = [s.name for s in progs.fmt.pools]
-            chosen = set() if progs.broadcast_load else _largest_blocks(chunk_moves, self.max_deferred)
+            sizes = () if progs.broadcast_load or deferred else self.landing_rows.get(progs.fmt.allocator, ())
+            chosen = _largest_block(chunk_moves, sizes)
             rest = []
             for c, (part, (kind, payload)) in enumerate(zip(parts, chunk_moves)):
-                if kind == "block" and (c, None) in chosen:
+                if kind == "block" and chosen == (c, None):
                     deferred.append((progs, names, payload, part.device_pages))
                     continue
-                if kind != "pieces":            # a block over the limit, or replicated pools on a mesh
+                if kind != "pieces":            # a block not chosen, or replicated pools on a mesh
                     rest.append((part, (kind, payload)))
                     continue
                 pages, now = part.device_pages.copy(), []
                 for i, (array, row, k, dst) in enumerate(payload):
-                    if (c, i) in chosen:
+                    if chosen == (c, i):
                         deferred.append((progs, names, array, pages[dst:dst + (1 << k)].copy()))
                         pages[dst:dst + (1 << k)] = PAD
                     else:
@@ -252,15 +256,20 @@ def binary(n: int) -> list[tuple[int, int]]:
     return out
 
 
-def _largest_blocks(chunk_moves, limit: int) -> set[tuple[int, int | None]]:
-    """The `limit` largest whole blocks among one allocator's chunk moves (the first of equal
-    ones): `(chunk, None)` for a chunk that is one block, `(chunk, piece)` for a piece that is."""
-    whole = []
+def _largest_block(chunk_moves, sizes) -> tuple[int, int | None] | None:
+    """The largest whole block among one allocator's chunk moves whose rows are in `sizes`
+    (the first of equal ones), or None: `(chunk, None)` for a chunk that is one block,
+    `(chunk, piece)` for a piece that is."""
+    best, rows = None, 0
     for c, (kind, payload) in enumerate(chunk_moves):
         if kind == "block":
-            whole.append((block_rows(payload), c, None))
+            found = [(block_rows(payload), None)]
         elif kind == "pieces":
-            whole += [(1 << k, c, i) for i, (array, row, k, _) in enumerate(payload)
-                      if row == 0 and block_rows(array) == 1 << k]
-    whole.sort(key=lambda w: -w[0])    # stable: ties keep plan order
-    return {(c, i) for _, c, i in whole[:limit]}
+            found = [(1 << k, i) for i, (array, row, k, _) in enumerate(payload)
+                     if row == 0 and block_rows(array) == 1 << k]
+        else:
+            found = []
+        for n, piece in found:
+            if n in sizes and n > rows:
+                best, rows = (c, piece), n
+    return best

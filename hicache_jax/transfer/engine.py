@@ -29,14 +29,16 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
+from pallas_kernels import PAD
 
+from hicache_jax import validate
 from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
 from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer import chunks as chunking, warm
-from hicache_jax.transfer.blocks import DEFAULT_MAX_DEFERRED_BLOCKS, EARLY_COPY_BYTES, HostBlocks
+from hicache_jax.transfer.blocks import DEFAULT_LANDING_BUCKETS, EARLY_COPY_BYTES, HostBlocks
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.plan_check import check_plan
@@ -72,15 +74,16 @@ class TransferEngine:
     backend's). A load batch that is one host block of at least `early_copy_bytes` starts its
     copy (a program of its own) before the plan is checked, so the copy engine works while
     the checks and the dispatch run; it holds a device copy of the block until unpacked.
-    A deferred load leaves at most `max_deferred_blocks` whole host blocks per allocator (the
-    largest) to the model's step: a step compiles once per landing shape, and this bounds them.
+    A deferred load leaves at most one whole host block of the anchor allocator to the model's
+    step, of one of `landing_buckets` sizes (the largest powers of two of a chunk,
+    `landing_sizes`): a step compiles once per size, at warm-up (`landing_examples`).
     """
 
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
                  host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
                  block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES, layer_groups: int = 1,
-                 max_deferred_blocks: int = DEFAULT_MAX_DEFERRED_BLOCKS):
+                 landing_buckets: int = DEFAULT_LANDING_BUCKETS):
         self.layout = layout
         self.layer_groups = groups.check_groups(layout, layer_groups)
         self.devices = Devices.create(mesh)
@@ -106,12 +109,16 @@ class TransferEngine:
         self._plan_programs = PlanPrograms(self._programs)
         self._ints = ResidentIndices(None if mesh is not None else self.devices.device,
                                      max(self._device.pages.values(), default=0))
-        self._blocks = HostBlocks(self.host, self._programs, self._ints, early_copy_bytes, max_deferred_blocks)
+        anchor = self._programs.get(layout.anchor.name)
+        count = validate.count("landing_buckets", landing_buckets, minimum=1)
+        self.landing_sizes = () if anchor is None or anchor.broadcast_load else tuple(
+            sorted({anchor.chunk_pages >> i for i in range(count)} - {0}))
+        self._blocks = HostBlocks(self.host, self._programs, self._ints, early_copy_bytes,
+                                  {layout.anchor.name: self.landing_sizes} if self.landing_sizes else {})
         self._whole = WholePlans(self._programs, self.host, layout.anchor.name, layout.window_pages(),
                                  mesh is not None)
         self._staging: dict[str, tuple[jax.Array, ...]] = {}
         self._needed = groups.needed_groups(layout, self.layer_groups)   # per model layer (landings)
-        self._land_all = jax.jit(lambda pools, landing: landing.lander().finish(pools), donate_argnums=0)
 
     # -- device pools ----------------------------------------------------------------------
     def init_device_pools(self) -> dict[str, jax.Array]:
@@ -135,10 +142,11 @@ class TransferEngine:
         mapping that `check_device_pools` rejects. Errors after dispatch are raised by
         `handle.done()` / `handle.wait()`.
 
-        `deferred` (loads only): the largest whole host blocks the plan moves (at most
-        `max_deferred_blocks` per allocator) are not moved; `handle.landing` hands them to the
-        model's step (`transfer/landing.py`), and the handle is not done until
-        `handle.landed(token)`. The rest (replicated pools on a mesh too) moves now.
+        `deferred` (loads only): the largest whole anchor block the plan moves whose rows are
+        one of `landing_sizes` is not moved; `handle.landing` hands it to the model's step
+        (`transfer/landing.py`), and the handle is not done until `handle.landed(token)`. The
+        rest (replicated pools on a mesh too) moves now; with nothing deferred,
+        `handle.landing` is None and the load is an ordinary one.
         """
         started = time.perf_counter()
         if not isinstance(deferred, bool):
@@ -220,8 +228,27 @@ class TransferEngine:
         self._device.check(pools)
         if not isinstance(landing, Landing):
             raise ValueError(f"land takes a Landing, got {type(landing).__name__}")
-        out = self._land_all(dict(pools), landing)
+        out = _land_all(dict(pools), landing)
         self._device.made(out)
+        return out
+
+    def landing_examples(self):
+        """One `Landing` of each size a deferred load can leave to a step (`landing_sizes`),
+        smallest first, that lands nothing (its device pages are PAD, its block zeros): a
+        serving loop runs its step on each at warm-up, so no landing compiles it while
+        serving. Made one at a time: each holds a pinned block of its size until dropped."""
+        anchor = self.layout.anchor.name
+        for rows in self.landing_sizes:
+            progs = self._programs[anchor]
+            pages = jax.device_put(np.full(rows, PAD, np.int32), progs.home)
+            yield Landing.create([(progs, [s.name for s in progs.fmt.pools], self.host.block(anchor, rows), pages)],
+                                 self._needed, self.layer_groups)
+
+    def warm_landings(self, pools: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
+        """`pools` (donated) after compiling `land` for every landing size (it writes nothing)."""
+        out = dict(pools)
+        for example in self.landing_examples():
+            out = self.land(example, out)
         return out
 
     def warmup(self, max_pages: int | None = None) -> int:
@@ -372,6 +399,12 @@ class TransferEngine:
         if allocator not in self._programs:
             raise ValueError(f"allocator {allocator!r} has no host pool here (allocators with bytes: {sorted(self._programs)})")
         return self._programs[allocator]
+
+
+@functools.partial(jax.jit, donate_argnums=0)
+def _land_all(pools: dict, landing: Landing) -> dict:
+    """Every group of `landing` written into `pools`, in one program (shared by every engine)."""
+    return landing.lander().finish(pools)
 
 
 def _floor_pow2(n: int) -> int:

@@ -129,7 +129,13 @@ class Lander:
     def before_layer(self, layer: int, pools: Mapping, x):
         """`(pools, x)` with every group `layer` reads landed; starts the copies `lead`
         groups ahead, each after the compute that produced `x`. Call it before every layer,
-        in order, with the activations the layer starts from."""
+        in order, with the activations the layer starts from.
+
+        `x` comes back as it went in: the copies and writes are ordered after it through
+        barriers whose copy of `x` is dropped, so the model's own arithmetic is traced
+        exactly as in a step with no landing. (Passing `x` on through a barrier splits the
+        model's fusions at every group boundary; on a GPU that changed the rounding of
+        the step's logits against the same step without a landing.)"""
         pools = dict(pools)
         groups = self._landing.groups
         if not self._moved:                      # first call: the first copies go at once
@@ -139,10 +145,10 @@ class Lander:
             g = self._landed
             ahead = g + self._lead
             if g and ahead < groups and ahead not in self._moved:
-                x, blocks = jax.lax.optimization_barrier((x, self._landing.blocks))
+                _, blocks = jax.lax.optimization_barrier((x, self._landing.blocks))
                 self._moved[ahead] = self._landing.move_part(ahead, blocks)
             if g:   # the layers before read the pools: order this group's writes after them
-                x, pools = jax.lax.optimization_barrier((x, pools))
+                _, pools = jax.lax.optimization_barrier((x, pools))
             pools = self._land(g, pools)
         return pools, x
 

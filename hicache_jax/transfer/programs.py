@@ -101,6 +101,17 @@ class AllocatorPrograms:
                                           align_bytes=ROW_ALIGN_BYTES)
         self._cache: dict[tuple, jax.stages.Compiled] = {}
         self.jaxprs: dict[str, object] = {}
+        self._identity = (fmt, tuple(map(tuple, pool_shapes)), devices.mesh, devices.device, impl, block_bytes,
+                          chunk_pages)
+
+    # Equal for equal formats, shapes, devices and kernels: a model step that lands a deferred
+    # load (`Landing` holds these as static data) then traces and compiles once per process,
+    # not once per engine.
+    def __eq__(self, other) -> bool:
+        return isinstance(other, AllocatorPrograms) and self._identity == other._identity
+
+    def __hash__(self) -> int:
+        return hash(self._identity)
 
     def compiled(self, name: Program, *key: int) -> jax.stages.Compiled:
         """The compiled program `name` for static shape `key`, compiling it on first use.
@@ -111,9 +122,9 @@ class AllocatorPrograms:
         full = (name, *key)
         program = self._cache.get(full)
         if program is None:
-            fn, args, donate, outs = _BUILDERS[name](self, *key)
-            program = self._cache[full] = _compile(fn, args, donate, outs, f"{self.fmt.allocator}:{name}{list(key)}",
-                                                   self.jaxprs)
+            label = f"{self.fmt.allocator}:{name}{list(key)}"
+            program = self._cache[full] = _shared(
+                (self._identity, full), label, self.jaxprs, lambda: _BUILDERS[name](self, *key))
         return program
 
     # -- pack / unpack, placed ---------------------------------------------------------------
@@ -242,28 +253,34 @@ class PlanPrograms:
         if program is None:
             name = Program.PACK if backup else Program.LOAD_BLOCK
             label = f"plan:{name}{list(runs)}"
-            built = [_BUILDERS[name](self._programs[a], *key) for a, *key in runs]
-            fns = [fn for fn, *_ in built]
-            sizes = [key[0] for _, *key in runs]
-            home = self._programs[runs[0][0]].home
-            index = tuple(jax.ShapeDtypeStruct(i.shape, jnp.int32, sharding=home)
-                          for i in plan_index([np.zeros(n, np.int32) for n in sizes], lambda i: i))
-            pools = tuple(args[0] for _, args, _, _ in built)
-            if backup:
-                def plan_pack(pools, idx):
-                    return tuple(fn(p, i) for fn, p, i in zip(fns, pools, split_plan_index(sizes, idx)))
-                fn, args, donate = plan_pack, (pools, index), ()
-                outs = tuple(o for _, _, _, o in built)
-            else:
-                def plan_load(pools, blocks, idx):
-                    moved = [fn(p, b, i) for fn, p, b, i in zip(fns, pools, blocks, split_plan_index(sizes, idx))]
-                    return tuple(p for p, _ in moved), moved[0][1]
-                blocks = tuple(args[1] for _, args, _, _ in built)
-                fn, args, donate = plan_load, (pools, blocks, index), (0,)
-                outs = (tuple(o for _, _, _, (o, _) in built), home)
-            program = self._cache[(backup, runs)] = _compile(fn, args, donate, outs, label, self.jaxprs)
+            identity = (tuple(self._programs[a]._identity for a, *_ in runs), backup, runs)
+            program = self._cache[(backup, runs)] = _shared(identity, label, self.jaxprs,
+                                                            lambda: self._build(backup, runs, name))
             self._labels[(backup, runs)] = label
         return program
+
+    def _build(self, backup: bool, runs, name: Program):
+        """(fn, example args, donate_argnums, out shardings) of one plan program."""
+        built = [_BUILDERS[name](self._programs[a], *key) for a, *key in runs]
+        fns = [fn for fn, *_ in built]
+        sizes = [key[0] for _, *key in runs]
+        home = self._programs[runs[0][0]].home
+        index = tuple(jax.ShapeDtypeStruct(i.shape, jnp.int32, sharding=home)
+                      for i in plan_index([np.zeros(n, np.int32) for n in sizes], lambda i: i))
+        pools = tuple(args[0] for _, args, _, _ in built)
+        if backup:
+            def plan_pack(pools, idx):
+                return tuple(fn(p, i) for fn, p, i in zip(fns, pools, split_plan_index(sizes, idx)))
+            fn, args, donate = plan_pack, (pools, index), ()
+            outs = tuple(o for _, _, _, o in built)
+        else:
+            def plan_load(pools, blocks, idx):
+                moved = [fn(p, b, i) for fn, p, b, i in zip(fns, pools, blocks, split_plan_index(sizes, idx))]
+                return tuple(p for p, _ in moved), moved[0][1]
+            blocks = tuple(args[1] for _, args, _, _ in built)
+            fn, args, donate = plan_load, (pools, blocks, index), (0,)
+            outs = (tuple(o for _, _, _, (o, _) in built), home)
+        return fn, args, donate, outs
 
     def labelled(self) -> dict[str, jax.stages.Compiled]:
         """Every plan program compiled so far, by label."""
@@ -313,6 +330,25 @@ def _block_rows(block, start, size: int):
     block by DMA when it is that size, else a slice of it."""
     return tuple(jax.device_put(b if size == b.shape[0] else jax.lax.dynamic_slice_in_dim(b, start[0], size, 0),
                                 _DEVICE) for b in block)
+
+
+# Programs compiled in this process, by what they are (the programs' identity and shape
+# key): an engine equal to one built before (same formats, shapes, devices and kernels:
+# a restarted cache, a test's next case) reuses its executables instead of compiling again.
+_COMPILED: dict[tuple, tuple[jax.stages.Compiled, object]] = {}
+
+
+def _shared(identity: tuple, label: str, jaxprs: dict, build: Callable[[], tuple]) -> jax.stages.Compiled:
+    """The program `identity` names, compiled from `build()` the first time in this process;
+    its jaxpr recorded in `jaxprs` under `label` either way."""
+    found = _COMPILED.get(identity)
+    if found is None:
+        fn, args, donate, outs = build()
+        scratch: dict[str, object] = {}
+        program = _compile(fn, args, donate, outs, label, scratch)
+        found = _COMPILED[identity] = (program, scratch[label])
+    jaxprs[label] = found[1]
+    return found[0]
 
 
 def _compile(fn, args, donate, outs, label: str, jaxprs: dict) -> jax.stages.Compiled:

@@ -231,8 +231,8 @@ def test_misuse_is_a_clear_error_and_changes_nothing(served, call, match):
     (dict(max_staging_bytes=float("inf")), r"'max_staging_bytes' must be an integer"),
     (dict(write_policy=["write_back"]), r"'write_policy' must be one of"),
     (dict(check_invariants="yes"), r"'check_invariants' must be a bool"),
-    (dict(max_deferred_blocks=0), r"'max_deferred_blocks' must be an integer >= 1, got 0"),
-    (dict(max_deferred_blocks=True), r"'max_deferred_blocks' must be an integer"),
+    (dict(landing_buckets=0), r"'landing_buckets' must be an integer >= 1, got 0"),
+    (dict(landing_buckets=True), r"'landing_buckets' must be an integer"),
 ])
 def test_config_rejects_non_finite_and_non_numeric_values(kwargs, match):
     with pytest.raises(ValueError, match=match):

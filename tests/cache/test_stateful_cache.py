@@ -34,7 +34,7 @@ class CacheMachine(RuleBasedStateMachine):
         pace = LAYOUTS[name].page_bytes_of(LAYOUTS[name].anchor.name) if paced else None  # a page a step
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
                                load_back_threshold=1, backup_bytes_per_step=pace, layer_groups=groups,
-                               max_deferred_blocks=deferred_blocks, **self.storage_config())
+                               landing_buckets=deferred_blocks, **self.storage_config())
         self.name, self.cfg, self.slow = name, cfg, {"backup", "load"} if slow else set()
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)

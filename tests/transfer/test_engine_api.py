@@ -127,8 +127,8 @@ def test_constructor_rejects_impossible_configurations():
     with pytest.raises(ValueError, match="kernels"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, kernels="cuda")
     for bad in (0, 1.0, "2"):
-        with pytest.raises(ValueError, match="max_deferred_blocks must be an integer >= 1"):
-            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, max_deferred_blocks=bad)
+        with pytest.raises(ValueError, match="landing_buckets must be an integer >= 1"):
+            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, landing_buckets=bad)
 
 
 def test_a_plan_that_does_not_fit_moves_nothing(v4):

@@ -9,18 +9,18 @@ import hicache_jax as hc
 from hicache_jax.layout import groups as layer_groups
 from hicache_jax.plan import make_plan
 from hicache_jax.transfer import Landing, TransferEngine, host_compute_violations
-from hicache_jax.transfer.blocks import _largest_blocks
+from hicache_jax.transfer.blocks import _largest_block
 
 from conftest import CONFIGS
 
 
-def engine_for(name, groups, kernels="reference", tp=None, max_deferred_blocks=3):
+def engine_for(name, groups, kernels="reference", tp=None, landing_buckets=4):
     layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
     allocators = [p.name for p in layout.allocator_pools if layout.moving_with(p.name)]
     mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
     return layout, allocators, TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators},
                                               mesh=mesh, kernels=kernels, layer_groups=groups,
-                                              max_deferred_blocks=max_deferred_blocks)
+                                              landing_buckets=landing_buckets)
 
 
 def random_pools(engine, seed):
@@ -68,7 +68,9 @@ def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, ke
     deferred, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1), deferred=True)
     landing = h.landing
     assert isinstance(landing, Landing) and landing.groups == groups and not h.done()
-    assert len(landing.blocks) == len(allocators) - 1 + 3
+    # one whole block of the anchor allocator (its whole blocks here are 1-page ones); the
+    # rest, the slice of a 4-page block and the other allocators' blocks, moved now
+    assert [block[0].shape[0] for block in landing.blocks] == [1]
     with pytest.raises(RuntimeError, match="no step has landed"):
         h.wait()
     num_layers = layer_groups.num_model_layers(layout)
@@ -86,11 +88,13 @@ def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, ke
     assert not host_compute_violations(jaxpr)
 
 
-@pytest.mark.parametrize("cap, deferred_rows", [(1, [4]), (2, [4, 2]), (3, [4, 2, 1])])
-def test_a_deferred_load_leaves_only_its_largest_blocks_to_the_step(cap, deferred_rows):
-    """`max_deferred_blocks` bounds the landing shapes a step compiles for: the largest whole
-    blocks of each allocator are deferred, the rest move at once; the bytes are the same."""
-    layout, allocators, engine = engine_for("tiny_v4", 2, max_deferred_blocks=cap)
+@pytest.mark.parametrize("buckets, deferred_rows", [(1, None), (2, 4), (3, 4), (4, 4)])
+def test_a_deferred_load_leaves_one_block_of_a_landing_size_to_the_step(buckets, deferred_rows):
+    """`landing_buckets` bounds the landing shapes a step compiles for: the largest whole anchor
+    block whose rows are a landing size is deferred, the rest moves at once (a load with no
+    such block is an ordinary one); the bytes are the same."""
+    layout, allocators, engine = engine_for("tiny_v4", 2, landing_buckets=buckets)
+    assert engine.landing_sizes == tuple(8 >> i for i in range(buckets))[::-1]
     pools = random_pools(engine, 0)
     for dev, host in (([0, 1, 2, 3], [0, 1, 2, 3]), ([4, 5], [4, 5]), ([6], [6])):   # kv blocks of 4, 2, 1 rows
         _, h = engine.start(make_plan(layout, "backup", {"kv": (dev, host), "swa": ([0], [0])}), pools)
@@ -98,26 +102,55 @@ def test_a_deferred_load_leaves_only_its_largest_blocks_to_the_step(cap, deferre
     load = {"kv": ([7, 6, 5, 4, 3, 2, 1], np.arange(7)), "swa": ([3], [0])}
     blocking, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1))
     h.wait()
+    want = as_bytes(blocking)
     deferred, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1), deferred=True)
-    rows = sorted((block[0].shape[0] for block in h.landing.blocks), reverse=True)
-    assert rows == sorted(deferred_rows + [1], reverse=True)    # the kv blocks chosen, and swa's one
-    landed, _ = step_fn(layer_groups.num_model_layers(layout), 1)(deferred, jnp.zeros(()), h.landing)
-    h.landed(landed[next(iter(landed))])
-    h.wait()
-    want, got = as_bytes(blocking), as_bytes(landed)
+    if deferred_rows is None:
+        assert h.landing is None
+        h.wait()
+        landed = deferred
+    else:
+        assert [block[0].shape[0] for block in h.landing.blocks] == [deferred_rows]
+        landed, _ = step_fn(layer_groups.num_model_layers(layout), 1)(deferred, jnp.zeros(()), h.landing)
+        h.landed(landed[next(iter(landed))])
+        h.wait()
+    got = as_bytes(landed)
     assert all(np.array_equal(got[k], want[k]) for k in want)
 
 
-def test_the_deferred_blocks_are_the_largest_wherever_they_are():
-    """Across chunks, and whole chunks against whole-block pieces: the largest win, the
-    first of equal ones."""
+def test_the_deferred_block_is_the_largest_of_a_landing_size_wherever_it_is():
+    """Across chunks, and whole chunks against whole-block pieces: the largest of the allowed
+    sizes wins, the first of equal ones; slices and device copies never."""
     rows = lambda n: (np.zeros((n, 1), np.uint8),)
     moves = [("pieces", [(rows(1), 0, 0, 0), (rows(4), 1, 1, 1), (rows(2), 0, 1, 3)]),   # 1 whole, 1 slice, 2 whole
              ("block", rows(8)), ("pieces", [(rows(2), 0, 1, 0)]), ("rows", rows(16))]   # "rows": a device copy
-    assert _largest_blocks(moves, 1) == {(1, None)}
-    assert _largest_blocks(moves, 2) == {(1, None), (0, 2)}
-    assert _largest_blocks(moves, 4) == {(1, None), (0, 2), (2, 0), (0, 0)}
-    assert _largest_blocks(moves, 9) == _largest_blocks(moves, 4)
+    assert _largest_block(moves, (1, 2, 4, 8, 16)) == (1, None)
+    assert _largest_block(moves, (1, 2, 4)) == (0, 2)
+    assert _largest_block(moves, (1,)) == (0, 0)
+    assert _largest_block(moves, (16, 32)) is None
+
+
+def test_every_landing_shape_is_compiled_at_warm_up():
+    """A step run on each `landing_examples()` at warm-up compiles nothing when a real deferred
+    load of any size comes later; the examples land nothing."""
+    layout, allocators, engine = engine_for("tiny_v4", 2)
+    engine.warmup()
+    step = step_fn(layer_groups.num_model_layers(layout), 1)
+    pools = random_pools(engine, 0)
+    before = as_bytes(pools)
+    for example in engine.landing_examples():
+        pools, _ = step(pools, jnp.zeros(()), example)
+    assert all(np.array_equal(v, before[k]) for k, v in as_bytes(pools).items())
+    counter = hc.CompileCounter()
+    for n in (1, 2, 4, 8):
+        _, h = engine.start(make_plan(layout, "backup", {"kv": (np.arange(n), np.arange(n))}), pools)
+        h.wait()
+        pools, h = engine.start(make_plan(layout, "load", {"kv": (np.arange(n)[::-1], np.arange(n))}), pools,
+                                deferred=True)
+        assert [b[0].shape[0] for b in h.landing.blocks] == [n]
+        pools, _ = step(pools, jnp.zeros(()), h.landing)
+        h.landed(pools["deepseek_v4_c4"])
+        h.wait()
+    assert counter.names == []
 
 
 def test_landing_misuse_is_refused():
@@ -163,3 +196,29 @@ def test_groups_cover_every_layer_once_and_reads_land_first():
 def _span(first_n):
     first, n = first_n
     return first, first + n
+
+
+@pytest.mark.parametrize("groups, lead", [(1, 1), (2, 1), (4, 0), (4, 2)])
+def test_a_landing_never_rebinds_the_activations(groups, lead):
+    """The model's arithmetic traces the same with or without a landing: `before_layer` hands
+    back the very activations it was given, whatever it lands. (Activations passed on through
+    the landing's barriers split XLA's fusions at each group boundary; on a GPU the logits
+    of such a step were rounded differently from the same step with no landing.)"""
+    layout, allocators, engine = engine_for("tiny_v41", groups)
+    pools = random_pools(engine, 0)
+    _, h = engine.start(make_plan(layout, "backup", {"kv": (np.arange(4), np.arange(4))}), pools)
+    h.wait()
+    _, h = engine.start(make_plan(layout, "load", {"kv": (np.arange(4), np.arange(4))}), random_pools(engine, 1),
+                        deferred=True)
+    seen = []
+
+    def step(pools, x, landing):
+        lander = landing.lander(lead)
+        for layer in range(layer_groups.num_model_layers(layout)):
+            pools, y = lander.before_layer(layer, pools, x)
+            seen.append(y is x)
+            x = jnp.tanh(x) * 1.5
+        return lander.finish(pools), x
+
+    jax.make_jaxpr(step)(pools, jnp.ones(4), h.landing)
+    assert seen and all(seen)

@@ -1,0 +1,62 @@
+"""`CompileCounter`: the XLA compilations a process ran, counted with jax's monitoring hooks.
+
+A serving loop compiles at warm-up and never per request: a program compiled while
+requests are served stalls one of them for as long as the compile takes (seconds on a
+GPU). Start a counter after warm-up and read it at the end:
+
+    cache.warmup(); <run the step on every shape it will see>
+    counter = CompileCounter()
+    serve(...)
+    counter.count, counter.names      # compilations since the counter started, by function
+
+jax reports every backend compilation as the event `BACKEND_COMPILE_EVENT` with the
+jitted function's name; a program served from the persistent compilation cache is
+reported too (it still stalls the caller to load it), so the count is an upper bound
+of the compiles a cold cache would run.
+"""
+from __future__ import annotations
+
+import threading
+
+import jax
+
+BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+_names: list[str] = []          # every compilation seen since the listener was registered
+_lock = threading.Lock()
+_listening = False
+
+
+def _listen(event: str, duration: float, **kwargs) -> None:
+    if event == BACKEND_COMPILE_EVENT:
+        _names.append(str(kwargs.get("fun_name", "?")))
+
+
+def _register() -> None:
+    global _listening
+    with _lock:
+        if not _listening:
+            jax.monitoring.register_event_duration_secs_listener(_listen)
+            _listening = True
+
+
+class CompileCounter:
+    """Counts the compilations since it was made (or last `reset`)."""
+
+    def __init__(self):
+        _register()
+        self._start = len(_names)
+
+    def reset(self) -> None:
+        """Count from now on."""
+        self._start = len(_names)
+
+    @property
+    def count(self) -> int:
+        """Compilations since the start."""
+        return len(_names) - self._start
+
+    @property
+    def names(self) -> list[str]:
+        """The compiled functions' names since the start, in order (e.g. `jit(_forward)`)."""
+        return _names[self._start:]
