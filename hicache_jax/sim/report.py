@@ -75,7 +75,8 @@ def plot_sweep(flag: str, results: list, layout: PoolLayout, path: str) -> None:
         left.fill_between(x, bottom, top, color=color, alpha=0.8, label=tier, step=None)
         bottom = top
     left.plot(x, bottom, "k.-", lw=1, label="total")
-    left.set(xlabel=label, ylabel="fraction of input tokens", title="hit rate by tier", ylim=(0, 1))
+    left.set(xlabel=label, ylabel="fraction of input tokens", title="hit rate by tier",
+             ylim=(0, min(1.0, 1.25 * max(bottom) + 0.05)))
     left.legend(loc="upper left", fontsize=8)
     for p, style in (("p50", "o-"), ("p90", "s--"), ("p99", "^:")):
         right.plot(x, [r.ttft_ms[p] / 1e3 for _, _, r in results], style, label=p)
