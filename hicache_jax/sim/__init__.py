@@ -5,10 +5,15 @@ allocators, write and window policies, eviction, storage keys and prefetch polic
 bytes and time are simulated (bytes over link rates, prefill tokens over a compute rate).
 `python -m hicache_jax.sim --help` is the command line; `simulate` the library entry.
 
-    reqs = read_trace("traces/conversation_trace.jsonl.gz", limit=500)
-    cfg = SimConfig(HiCacheConfig(device_pages=4096, swa_device_pages=1024, host_pages={"kv": 16384, "swa": 4096}),
-                    instances=8, route="affinity")
-    result = simulate(reqs, layout, cfg)       # result.hit_rate, result.ttft_ms, result.bytes_moved
+    import hicache_jax as hc
+    from hicache_jax.sim import SimConfig, simulate
+    from hicache_jax.trace import read_trace
+
+    layout = hc.build_layout(hc.load_model_config("configs/deepseek_v4_flash.json"))
+    cache = hc.HiCacheConfig(device_pages=4096, swa_device_pages=1024, host_pages={"kv": 16384, "swa": 4096})
+    result = simulate(read_trace("traces/conversation_trace.jsonl.gz", limit=500), layout,
+                      SimConfig(cache, instances=8, route="affinity", storage_pages={"kv": 10**5, "swa": 25_000}))
+    result.hit_rate, result.ttft_ms, result.bytes_moved, result.outcomes   # by tier, p50/p90/p99, per link
 """
 from hicache_jax.sim.config import ROUTES, Rates, SimConfig
 from hicache_jax.sim.fleet import check_fits, simulate

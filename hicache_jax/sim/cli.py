@@ -138,7 +138,7 @@ def build(args, ap: argparse.ArgumentParser, layout, requests) -> Plan:
                               storage_write_policy=args.storage_write_policy,
                               storage_prefetch_policy=args.prefetch_policy)
     except ValueError as e:
-        ap.error(f"--device-tokens {args.device}: {e}")
+        ap.error(f"tier sizes (--device-tokens {args.device}, --host-tokens {args.host}): {e}")
     config = SimConfig(cache, args.instances, args.route, args.load_bound, pages.get("storage"), policy, rates,
                        cut, args.serial, args.seed)
     try:
