@@ -21,7 +21,7 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
                         "--metrics-out", str(metrics), *SMALL])
     out = capsys.readouterr().out.strip().splitlines()
     result = json.loads(out[-1])
-    assert result["identical"] is True and code == 0
+    assert result["identical"] is True and code == 0 and result["compiles_while_serving"] == 0
     assert result["host_hit_tokens"] > 0 and result["load_bytes"] > 0 and result["backup_bytes"] > 0
     assert result["recomputed_tokens"] < result["no_cache_computed_tokens"]
     # the default window policy: SWA pages at request ends and every N pages only
@@ -35,14 +35,30 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("config", ["tiny_v4", "tiny_v41", "tiny_gqa"])
-def test_decode_with_overlapped_load_backs_is_bit_identical(config, capsys):
+@pytest.mark.parametrize("config, groups", [("tiny_v4", 1), ("tiny_v4", 2), ("tiny_v4", 4), ("tiny_v41", 2),
+                                            ("tiny_v41", 4), ("tiny_gqa", 2), ("tiny_gqa", 4)])
+def test_decode_with_overlapped_load_backs_is_bit_identical(config, groups, capsys):
     """--overlap: host hits are deferred loads that the first prefill chunk lands, layer
-    group by layer group, inside its jit; tokens and logits stay bit-identical."""
-    code = decode.main(["--config", str(CONFIGS / f"{config}.json"), "--overlap", "--layer-groups", "2", *SMALL])
+    group by layer group, inside its jit; tokens and logits stay bit-identical, and after
+    warm-up nothing compiles, whatever size of block a hit brings."""
+    code = decode.main(["--config", str(CONFIGS / f"{config}.json"), "--overlap", "--layer-groups", str(groups),
+                        *SMALL])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["identical"] is True and code == 0 and result["overlap"] is True
     assert result["host_hit_tokens"] > 0 and result["deferred_loads"].get("step", 0) > 0
+    assert result["compiles_while_serving"] == 0
+
+
+@pytest.mark.slow
+def test_more_requests_never_add_compilations(capsys):
+    """Twice the requests (more hits, of more block sizes, more preemptions): still nothing
+    compiled after warm-up, with or without overlap."""
+    for extra in ([], ["--overlap"]):
+        code = decode.main(["--config", str(CONFIGS / "tiny_v4.json"), "--requests", "24", "--turns", "4",
+                            "--gen-tokens", "6", "--preempt-every", "3", "--quiet", *extra])
+        result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert code == 0 and result["identical"] is True and result["host_hit_tokens"] > 0
+        assert result["compiles_while_serving"] == 0
 
 
 @pytest.mark.parametrize("argv,flag", [
