@@ -30,6 +30,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from hicache_jax import validate
+from hicache_jax.config import xla_pinned_limit_bytes
 from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
@@ -47,7 +49,6 @@ from hicache_jax.transfer.whole import WholePlans
 log = logging.getLogger("hicache_jax.transfer")
 
 DEFAULT_MAX_STAGING_BYTES = 512 << 20
-DEFAULT_HOST_MEMORY_LIMIT_BYTES = 64 << 30
 MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
 
 
@@ -74,11 +75,13 @@ class TransferEngine:
     the checks and the dispatch run; it holds a device copy of the block until unpacked.
     A deferred load leaves at most `max_deferred_blocks` whole host blocks per allocator (the
     largest) to the model's step: a step compiles once per landing shape, and this bounds them.
+    `host_memory_limit_bytes` caps the host tier (None, the default: the cap of XLA's pinned
+    pool, as `HiCacheConfig` defaults to); a larger tier raises ValueError before anything is pinned.
     """
 
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
-                 host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
+                 host_memory_limit_bytes: int | None = None, *, kernels: str = "auto",
                  block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES, layer_groups: int = 1,
                  max_deferred_blocks: int = DEFAULT_MAX_DEFERRED_BLOCKS):
         self.layout = layout
@@ -96,7 +99,10 @@ class TransferEngine:
                                  f"{a!r} ({row_bytes:,} B per device)")
             # no batch is larger than either tier, and a host copy never exceeds the host pool
             chunk_pages[a] = min(pages, MAX_CHUNK_PAGES, _floor_pow2(min(self._device.pages[a], host_counts[a])))
-        self.host = HostTier(layout, host_counts, self.devices, host_memory_limit_bytes, layer_groups)
+        # None: the cap of XLA's pinned pool, as `HiCacheConfig.host_memory_limit_bytes` defaults to
+        limit = (xla_pinned_limit_bytes() if host_memory_limit_bytes is None
+                 else validate.count("host_memory_limit_bytes", host_memory_limit_bytes, minimum=1))
+        self.host = HostTier(layout, host_counts, self.devices, limit, layer_groups)
         self._programs = {
             a: AllocatorPrograms(fmt, [self._device.shape(s) for s in fmt.pools], self.devices,
                                  functools.partial(self.host.block, a), self.host.sharding(a), chunk_pages[a],

@@ -114,8 +114,13 @@ def test_constructor_rejects_impossible_configurations():
     layout = layout_of("tiny_v4")
     with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8})  # 89 GB of kv rows
+    with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):   # None: the same default
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8}, host_memory_limit_bytes=None)
     with pytest.raises(ValueError, match="kv: 16 pages x 42,496 B"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, host_memory_limit_bytes=1 << 20)
+    for bad in (0, 1.5, "64G", True):
+        with pytest.raises(ValueError, match=f"host_memory_limit_bytes must be an integer >= 1, got {bad!r}"):
+            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, host_memory_limit_bytes=bad)
     with pytest.raises(ValueError, match="max_staging_bytes"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, max_staging_bytes=1000)
     with pytest.raises(ValueError, match="no entry for allocator 'swa'"):
