@@ -7,6 +7,7 @@ import pytest
 
 import hicache_jax as hc
 from hicache_jax.tree import Tier
+from conftest import tp_mesh
 from driver import Driver, P, layout, seq
 
 LAYOUTS = ["tiny_v4", "tiny_v41", "tiny_gqa"]
@@ -269,5 +270,5 @@ def test_constructor_arguments_are_checked():
         hc.HiCache(lay, cfg, mesh="tp")
     with pytest.raises(ValueError, match="clock must be a callable"):
         hc.HiCache(lay, cfg, clock=3.0)
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("tp",))
+    mesh = tp_mesh(2)
     hc.HiCache(layout("tiny_gqa"), cfg, mesh=mesh).check_invariants()
