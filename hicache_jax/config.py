@@ -72,6 +72,10 @@ class ModelConfig:
 
     def validate(self) -> "ModelConfig":
         _check_choice("model_type", self.model_type, MODEL_TYPES)
+        for f in sorted(_INT_FIELDS):      # 0 where a family does not use a field; never negative
+            value = getattr(self, f)
+            if value is not None and value < 0:
+                raise ValueError(f"config field '{f}' must not be negative, got {value}")
         for f in ("num_hidden_layers", "num_key_value_heads", "head_dim", "page_size"):
             _check_positive(f, getattr(self, f))
         if self.sliding_window is not None:
