@@ -77,7 +77,8 @@ class HiCache:
         self._requested_tokens = 0
         self._storage = None
         if storage is not None or config.storage is not None:
-            backend = storage if storage is not None else open_store(config.storage, config.storage_call_timeout_s)
+            backend = storage if storage is not None else open_store(config.storage, config.storage_call_timeout_s,
+                                                                      config.storage_connect_retry_s)
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
             self._storage = StorageLink(layout, config, self.core, self.engine, backend, tp)
         self.registry = CollectorRegistry(auto_describe=True)
