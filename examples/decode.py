@@ -145,7 +145,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     cli.check_range(ap, args, {"seed": (0, 2**32 - 1), "requests": (1, MAX_REQUESTS), "turns": (1, MAX_REQUESTS),
                                "device_pages": (1, None), "host_pages": (1, None),
-                               "max_pages": (1, None), "layer_groups": (1, None), "system_tokens": (0, MAX_TOKENS),
+                               "max_pages": (1, MAX_PAGES), "layer_groups": (1, None), "system_tokens": (0, MAX_TOKENS),
                                "user_tokens": (0, MAX_TOKENS), "followup_tokens": (0, MAX_TOKENS),
                                "gen_tokens": (1, MAX_TOKENS), "preempt_every": (0, None)})
     if not 0 <= args.storage_retry_s <= 3600:
@@ -182,6 +182,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 MAX_REQUESTS = 10_000    # the workload is drawn in full before anything runs (and checked)
 MAX_TOKENS = 1 << 20     # per message: far past any context, short enough to draw
+MAX_PAGES = 4096         # a request's context (1M tokens); every forward gathers this many pages
 
 
 def longest_request(args) -> int:

@@ -44,6 +44,7 @@ def refused(script, *argv, names, cwd):
     (DECODE, ["--overlap", "--layer-groups", "0"], ["--layer-groups", "got 0"]),
     (DECODE, ["--overlap", "--layer-groups", "1000"], ["--layer-groups", "1..5", "got 1000"]),
     (DECODE, ["--requests", "0"], ["--requests", "got 0"]),
+    (DECODE, ["--max-pages", "100000000"], ["--max-pages", "1..4096", "got 100000000"]),
     (DECODE, ["--system-tokens", "100000000000"], ["--system-tokens", "got 100000000000"]),
     (DECODE, ["--system-tokens", "3000"], ["needs 16 pages of context but --max-pages is 8"]),
     (DECODE, ["--storage-retry-s", "-1"], ["--storage-retry-s", "-1"]),
