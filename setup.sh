@@ -3,18 +3,24 @@
 #   ./setup.sh            set up, then run the main example
 #   ./setup.sh --no-run   set up only
 #   --cpu | --cuda12 | --cuda13 | --tpu   which jax build to install (default: detected, see below)
+#   --with-mooncake-deps   also apt-get install libibverbs1 (as root) when it is missing: Mooncake's
+#                          client loads libibverbs.so.1 even over TCP, so without it the Mooncake
+#                          storage backend (mooncake://) is off and its tests skip. Nothing else
+#                          is installed outside .venv, and nothing at all without this flag.
 # Finds a Python >= 3.12 by itself: python3.13/python3.12/python3 on PATH, then pyenv.
 # jax build: with an NVIDIA driver (nvidia-smi), the CUDA build its CUDA version supports
 # (13.x: cuda13, 12.x: cuda12); otherwise the CPU build. It prints what it chose.
 set -euo pipefail
 cd "$(dirname "$0")"
 
-RUN=1 BUILD=""
+RUN=1 BUILD="" MOONCAKE_DEPS=0
 for arg in "$@"; do
   case "$arg" in
     --no-run) RUN=0 ;;
     --cpu|--cuda12|--cuda13|--tpu) BUILD="${arg#--}" ;;
-    *) echo "setup.sh: unknown option $arg (--no-run, --cpu, --cuda12, --cuda13, --tpu)" >&2; exit 2 ;;
+    --with-mooncake-deps) MOONCAKE_DEPS=1 ;;
+    *) echo "setup.sh: unknown option $arg (--no-run, --cpu, --cuda12, --cuda13, --tpu, --with-mooncake-deps)" >&2
+       exit 2 ;;
   esac
 done
 
@@ -53,13 +59,19 @@ if [ ! -x .venv/bin/python ] || ! ok .venv/bin/python; then
   "$PY" -m venv .venv
 fi
 # Mooncake (the mooncake extra, L3 on Mooncake Store) loads libibverbs.so.1 even over TCP.
+# A system package: installed only when asked for (--with-mooncake-deps).
 if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
-  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    echo "setup.sh: installing libibverbs1 (apt) for Mooncake"
+  if [ "$MOONCAKE_DEPS" = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    echo "setup.sh: installing libibverbs1 (apt-get, --with-mooncake-deps) for Mooncake"
     { apt-get install -y -q libibverbs1 || { apt-get update -q && apt-get install -y -q libibverbs1; }; } >/dev/null 2>&1 \
       || echo "setup.sh: apt-get could not install libibverbs1: Mooncake storage is off and its tests skip" >&2
+  elif [ "$MOONCAKE_DEPS" = 1 ]; then
+    echo "setup.sh: --with-mooncake-deps needs root and apt-get; install libibverbs1 by hand: Mooncake storage" \
+         "is off and its tests skip until then" >&2
   else
-    echo "setup.sh: libibverbs.so.1 is missing (Debian: apt-get install libibverbs1): Mooncake storage is off and its tests skip" >&2
+    echo "setup.sh: libibverbs.so.1 is missing, which Mooncake's client loads even over TCP: Mooncake storage" \
+         "(mooncake://) is off and its tests skip. To have it: apt-get install libibverbs1, or ./setup.sh" \
+         "--with-mooncake-deps (as root)" >&2
   fi
 fi
 if [ -z "$BUILD" ]; then

@@ -36,6 +36,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import hicache_jax  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 from bench_api import contiguous_copy, hold_pages, insert_prefix, make_cache, release_pages, same_bytes  # noqa: E402
 from tree_ab import load_base  # noqa: E402
 
@@ -114,16 +115,21 @@ def main():
                     help="git revision to compare with, a directory holding its hicache_jax, or none")
     ap.add_argument("--early-copy-bytes", default="",
                     help="this tree under each of these early-copy thresholds (default: the engine's)")
-    ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash")
-    ap.add_argument("--pages", default="1")
-    ap.add_argument("--rounds", type=int, default=200)
-    ap.add_argument("--page-spread", type=int, default=0)
-    ap.add_argument("--python-only", action="store_true")
+    ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash",
+                    help="model configs (configs/NAME.json), comma-separated")
+    ap.add_argument("--pages", default="1", help="prefix sizes in kv pages, comma-separated (one run each)")
+    ap.add_argument("--rounds", type=int, default=200, help="rounds per run; every variant hits once per round")
+    ap.add_argument("--page-spread", type=int, default=0,
+                    help="hold r %% K device pages of each pool in round r, so hits land on other pages (0: off)")
+    ap.add_argument("--python-only", action="store_true",
+                    help="replace every load program by a no-op: time the Python of a hit alone")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4 against HEAD, 20 rounds, Python only: CPU, seconds")
-    ap.add_argument("--out", default="api_ab.json")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/api_ab.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
     if args.smoke:
         args.base, args.configs, args.rounds, args.python_only = "HEAD", "tiny_v4", 20, True
+    args.out = args.out or default_out("api_ab.json", args.smoke)
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),
               "base": args.base, "runs": []}
     with tempfile.TemporaryDirectory() as tmp:

@@ -35,6 +35,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hicache_jax as hc  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 clock = time.perf_counter
 
@@ -218,19 +219,22 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash")
-    ap.add_argument("--pages", default="1,16,256,4096")
-    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash",
+                    help="model configs (configs/NAME.json), comma-separated")
+    ap.add_argument("--pages", default="1,16,256,4096", help="prefix sizes in kv pages, comma-separated")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds for prefixes of more than 16 pages")
     ap.add_argument("--small-rounds", type=int, default=30,
                     help="rounds for prefixes of at most 16 pages (fast, and noisier than the large ones)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the prefix's tokens and bytes")
     ap.add_argument("--page-spread", type=int, default=0,
                     help="hold 0..K-1 device pages in turn so the hits land on other pages; warm the cache up first")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, 1 and 4 pages, 2 rounds: CPU, seconds")
-    ap.add_argument("--out", default="bench_api.json")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/bench_api.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
     if args.smoke:
         args.configs, args.pages, args.rounds, args.small_rounds = "tiny_v4", "1,4", 2, 2
+    args.out = args.out or default_out("bench_api.json", args.smoke)
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]), "runs": []}
     print(f"{'config':20} {'pages':>5} {'MB':>8} {'acquire ms':>10} {'ratio':>6} {'load+wait ms':>12} {'ratio':>6} "
           f"{'contiguous ms':>13} exact")

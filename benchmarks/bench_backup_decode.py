@@ -51,6 +51,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hicache_jax as hc  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 clock = time.perf_counter
 SCENARIOS = ("none", "backup", "raw")
@@ -267,21 +268,23 @@ class Bench:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="deepseek_v4_flash")
+    ap.add_argument("--config", default="deepseek_v4_flash", help="model config (configs/NAME.json): the pools")
     ap.add_argument("--rounds", type=int, default=6, help="paired rounds after one warm-up round")
     ap.add_argument("--steps", type=int, default=24, help="decode steps per scenario per round")
     ap.add_argument("--prefix-pages", type=int, default=512, help="kv pages of each inserted prefix")
     ap.add_argument("--insert-every", type=int, default=1, help="steps between inserted prefixes")
     ap.add_argument("--read-pages", type=int, default=64, help="kv pages the decoding request reads")
     ap.add_argument("--tokens", type=int, default=2048, help="rows of the per-layer MLP")
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--ffn", type=int, default=8192)
+    ap.add_argument("--hidden", type=int, default=4096, help="the per-layer MLP's input and output width")
+    ap.add_argument("--ffn", type=int, default=8192, help="the per-layer MLP's inner width")
     ap.add_argument("--pace-mib", type=int, default=0,
                     help="also run the `paced` scenario with backup_bytes_per_step = this many MiB (0: not)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and the prefixes' bytes")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, tiny MLP, few steps: CPU, seconds")
-    ap.add_argument("--out", default="bench_backup_decode.json")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/bench_backup_decode.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
+    args.out = args.out or default_out("bench_backup_decode.json", args.smoke)
     if args.smoke:
         args.config, args.rounds, args.steps, args.prefix_pages = "tiny_v4", 2, 4, 4
         args.read_pages, args.tokens, args.hidden, args.ffn = 2, 8, 64, 128
@@ -320,7 +323,8 @@ def main():
     bk = lambda r: r["backup"]
     result = {
         "date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),
-        "config": b.layout.model.name, "args": vars(args), "prefix_bytes": b.nbytes, "setup_s": b.setup_s,
+        "config": b.layout.model.name, "prefix_bytes": b.nbytes, "setup_s": b.setup_s,
+        "args": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
         "step_ms": {s: med(lambda r, s=s: r[s]["step_ms"]) for s in SCENARIOS},
         "slowdown_backup": med(lambda r: r["backup"]["step_ms"] / r["none"]["step_ms"]),
         "slowdown_raw": med(lambda r: r["raw"]["step_ms"] / r["none"]["step_ms"]),

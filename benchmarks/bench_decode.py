@@ -13,7 +13,6 @@ import argparse
 import contextlib
 import io
 import json
-import os
 import pathlib
 import statistics
 import sys
@@ -21,6 +20,7 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from examples import decode  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 LARGE = ["--requests", "24", "--turns", "3", "--system-tokens", "8192", "--user-tokens", "2048",
          "--followup-tokens", "512", "--gen-tokens", "16", "--max-pages", "64", "--device-pages", "64",
@@ -48,11 +48,14 @@ def run(config: str, policy: str, extra: list[str]) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="tiny_v4,tiny_gqa,tiny_v41")
-    ap.add_argument("--policy", default="write_through")
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_decode.json"))
+    ap.add_argument("--configs", default="tiny_v4,tiny_gqa,tiny_v41",
+                    help="model configs (configs/NAME.json), comma-separated: one decode.py run each")
+    ap.add_argument("--policy", default="write_through", help="decode.py's --write-policy")
+    ap.add_argument("--smoke", action="store_true", help="decode.py's small sizes: CPU, seconds")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/bench_decode.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
+    args.out = args.out or default_out("bench_decode.json", args.smoke)
     import jax
     results = {"jax": jax.__version__, "device": str(jax.devices()[0]), "runs": []}
     print(f"{'config':10} {'identical':>9} {'host-hit reqs':>13} {'hit tokens':>10} {'TTFT cache ms':>13} "

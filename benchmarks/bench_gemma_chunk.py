@@ -28,6 +28,7 @@ import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
 from examples.gemma.model import GemmaModel  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 MAX_PAGES = 4
 
@@ -49,11 +50,13 @@ def time_calls(model: GemmaModel, logits: bool, reps: int) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--chunks", default="8,16,32,64")
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_gemma_chunk.json"))
+    ap.add_argument("--smoke", action="store_true", help="tiny_gemma3, 2 calls per chunk size: seconds")
+    ap.add_argument("--chunks", default="8,16,32,64", help="chunk sizes (positions per forward), comma-separated")
+    ap.add_argument("--reps", type=int, default=7, help="timed calls per chunk size (the median is reported)")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/bench_gemma_chunk.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
+    args.out = args.out or default_out("bench_gemma_chunk.json", args.smoke)
     name = "tiny_gemma3" if args.smoke else "gemma3_270m"
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{name}.json"))
     base = GemmaModel.random(layout, seed=0, max_pages=MAX_PAGES)

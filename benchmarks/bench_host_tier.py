@@ -47,6 +47,8 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from benchmarks.outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 STRATEGIES = ("numpy_zeros", "numpy_empty", "compiled_rows", "jit_zeros", "jit_chunks")
 ENGINE_STRATEGIES = ("engine",)
 PROMISES_ZEROS = {"numpy_zeros", "compiled_rows", "jit_zeros", "jit_chunks", *ENGINE_STRATEGIES}
@@ -276,13 +278,15 @@ def summarise(runs) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=pathlib.Path, help="directory for host_tier.json")
-    p.add_argument("--sizes-gib", type=float, nargs="+", default=[4, 16])
-    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--out", type=pathlib.Path, default=None,
+                   help="directory for host_tier.json (default: benchmarks/results/, or .../smoke/ with --smoke)")
+    p.add_argument("--sizes-gib", type=float, nargs="+", default=[4, 16], help="host tier sizes to build, GiB")
+    p.add_argument("--reps", type=int, default=3, help="rounds over every size and strategy (a fresh process each)")
     p.add_argument("--row-kib", type=int, default=1024, help="bytes of one host row (a V4-Flash kv page is ~1 MB)")
     p.add_argument("--strategies", nargs="+", default=list(STRATEGIES + ENGINE_STRATEGIES),
-                   choices=STRATEGIES + ENGINE_STRATEGIES)
-    p.add_argument("--device-temp-cap-gib", type=float, default=20.0)
+                   choices=STRATEGIES + ENGINE_STRATEGIES, help="ways to build and fill the pinned buffer")
+    p.add_argument("--device-temp-cap-gib", type=float, default=20.0,
+                   help="skip a strategy whose device temporaries would exceed this")
     p.add_argument("--warm-max-gib", type=float, default=4.0, help="rebuild in the same process up to this size")
     p.add_argument("--time-limit-s", type=float, default=170.0, help="start no measurement after this")
     p.add_argument("--smoke", action="store_true", help="tiny sizes, one round (CPU, seconds)")
@@ -296,10 +300,9 @@ def main() -> None:
                else child_buffer(args.child, args.gib, args.row_kib, args.device_temp_cap_gib, args.warm))
         print(json.dumps(rec))
         return
-    if args.out is None:
-        p.error("--out DIR is required")
     if args.smoke:
         args.sizes_gib, args.reps, args.row_kib = [0.02], 1, 64
+    args.out = args.out or default_out("", args.smoke)
     import jax
     started = time.perf_counter()
     runs, stopped = [], None

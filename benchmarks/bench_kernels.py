@@ -30,6 +30,7 @@ import numpy as np  # noqa: E402
 import hicache_jax as hc  # noqa: E402
 import pallas_kernels as pk  # noqa: E402
 from pallas_kernels import _sources, mosaic_gpu  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 from transfer_common import env_info, median_s  # noqa: E402
 
 # (label, block_bytes, mosaic knobs): the default first
@@ -105,8 +106,10 @@ def measure(results: dict, name: str, sources, row_bytes: int, counts, smoke: bo
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run, interpreted kernels")
-    ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder for kernels.json")
+    ap.add_argument("--out", default=None,
+                    help="output folder for kernels.json (default: benchmarks/results/, or .../smoke/ with --smoke)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(default_out("", args.smoke))
     t0 = time.perf_counter()
     cfg = lambda n: os.path.join(HERE, "..", "configs", f"{n}.json")  # noqa: E731
     results = {"env": env_info(), "rows": {}}

@@ -42,6 +42,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_api  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 clock = time.perf_counter
 _DEVICE, _HOST = jax.memory.Space.Device, jax.memory.Space.Host
@@ -251,17 +252,19 @@ def run(args) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="deepseek_v4_flash")
-    ap.add_argument("--pages", type=int, default=256)
+    ap.add_argument("--config", default="deepseek_v4_flash", help="model config (configs/NAME.json): the pools")
+    ap.add_argument("--pages", type=int, default=256, help="kv pages of the host hit that is loaded")
     ap.add_argument("--groups", default="43,11", help="layer groups, comma-separated (one run each)")
     ap.add_argument("--leads", default="1", help="groups a landing's copies run ahead (Landing.lander), comma-separated")
     ap.add_argument("--tokens", type=int, default=2048, help="rows of each layer's matmuls")
-    ap.add_argument("--hidden", type=int, default=4096)
-    ap.add_argument("--reps", type=int, default=7)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--hidden", type=int, default=4096, help="width of each layer's matmuls")
+    ap.add_argument("--reps", type=int, default=7, help="timed repetitions of each variant (medians reported)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the weights and the prefix's bytes")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, 2 pages, small matmuls: CPU, seconds")
-    ap.add_argument("--out", default="bench_overlap.json")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/bench_overlap.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
+    args.out = args.out or default_out("bench_overlap.json", args.smoke)
     if args.smoke:
         args.config, args.pages, args.groups, args.tokens, args.hidden, args.reps = "tiny_v4", 2, "2", 16, 64, 2
     args.groups = [int(g) for g in str(args.groups).split(",")]

@@ -42,6 +42,7 @@ os.environ.setdefault("MC_LOG_LEVEL", "WARNING")   # Mooncake's client logs ever
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hicache_jax as hc  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 from hicache_jax.storage import StorageConfig, StorageTier, open_backend  # noqa: E402
 
 
@@ -167,13 +168,16 @@ def cpu_model() -> str:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default=None, help="where the store and the raw files go (default: a temp dir)")
-    ap.add_argument("--backends", default="ocdbt,plain,mooncake")
-    ap.add_argument("--kv-pages", type=int, default=128)
-    ap.add_argument("--swa-pages", type=int, default=16)
-    ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--smoke", action="store_true")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_storage.json"))
+    ap.add_argument("--backends", default="ocdbt,plain,mooncake",
+                    help="stores to time, comma-separated: ocdbt and plain (tensorstore files), mooncake (loopback)")
+    ap.add_argument("--kv-pages", type=int, default=128, help="V4-Flash kv pages put and got per round")
+    ap.add_argument("--swa-pages", type=int, default=16, help="V4-Flash SWA pages put and got per round")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds per store and allocator (medians reported)")
+    ap.add_argument("--smoke", action="store_true", help="4 kv pages, 1 SWA page, 1 round: seconds")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/bench_storage.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
+    args.out = args.out or default_out("bench_storage.json", args.smoke)
     if args.smoke:
         args.kv_pages, args.swa_pages, args.rounds = 4, 1, 1
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / "deepseek_v4_flash.json"))
@@ -182,7 +186,8 @@ def main():
     results = {"date": datetime.date.today().isoformat(), "machine": {
         "cpu": cpu_model(), "cores": os.cpu_count(), "platform": platform.platform(), "dir": str(base),
         "load_average_start": os.getloadavg()},
-        "versions": versions(), "args": vars(args), "runs": []}
+        "versions": versions(), "args": {k: str(v) if isinstance(v, pathlib.Path) else v for k, v in vars(args).items()},
+        "runs": []}
     rng = np.random.default_rng(0)
     for name in args.backends.split(","):
         backend, store_dir, server = make_backend(name, base, args)

@@ -30,6 +30,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 import hicache_jax as hc  # noqa: E402
 import pallas_kernels as pk  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 from hicache_jax.config import model_config_from_dict  # noqa: E402
 from hicache_jax.plan import make_plan  # noqa: E402
 from hicache_jax.transfer import TransferEngine, hlo_host_ops  # noqa: E402
@@ -291,11 +292,13 @@ def print_table(results: dict) -> None:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true", help="tiny CPU run (seconds)")
-    ap.add_argument("--out", default=os.environ.get("OUT", "out"), help="output folder for JSON and PNG")
+    ap.add_argument("--out", default=None,
+                    help="output folder for JSON and PNG (default: benchmarks/results/, or .../smoke/ with --smoke)")
     ap.add_argument("--budget-s", type=float, default=540.0, help="stop starting sections after this many seconds")
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")
     ap.add_argument("--kernels", default="auto", help="the engine's kernels (pallas_kernels.IMPLS)")
     args = ap.parse_args(argv)
+    args.out = args.out or str(default_out("", args.smoke))
     bench = Bench(args.out, args.smoke, args.budget_s)
     bench.kernels = args.kernels
     skip = set(filter(None, args.skip.split(",")))

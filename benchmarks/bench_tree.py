@@ -1,11 +1,11 @@
 """Tree-core benchmark: match_prefix / insert / evict on a large prefix-sharing tree.
 
-Uses the shared seeded trace (`../shared/bench/tree_trace.py`: 8K-token prompts, page 256,
-each sharing a long page-aligned prefix with an earlier one). Builds the tree the way a
-serving loop does (match, allocate the rest, insert), then times each operation and
-prints p50/p99 per operation; writes JSON.
+Runs on the seeded trace of `benchmarks/tree_trace.py` (8K-token prompts, page 256, each
+sharing a long page-aligned prefix with an earlier one). Builds the tree the way a serving
+loop does (match, allocate the rest, insert), then times each operation and prints p50/p99
+per operation; writes JSON (default: benchmarks/results/bench_tree.json).
 
-    python benchmarks/bench_tree.py                # 70,000 prompts (~95K nodes)
+    python benchmarks/bench_tree.py --out benchmarks/results/tree_cpu.json   # 70,000 prompts (~95K nodes)
     python benchmarks/bench_tree.py --smoke        # seconds, for CI
 """
 from __future__ import annotations
@@ -24,34 +24,27 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hicache_jax as hc  # noqa: E402
+from benchmarks.outputs import default_out  # noqa: E402
 from hicache_jax.tree import TreeCore  # noqa: E402
 
-DEFAULT_TRACE = ROOT.parent / "shared" / "bench" / "tree_trace.py"
+DEFAULT_TRACE = ROOT / "benchmarks" / "tree_trace.py"
 
 
 def load_trace(path: pathlib.Path):
-    """The shared trace generator at `path`; without it, a stand-in of the same shape
-    (numbers from it are not comparable with the published ones)."""
-    if not path.exists():
-        print(f"note: {path} not found, using a stand-in prefix-sharing trace", file=sys.stderr)
-        return stand_in_trace
+    """The `make_trace` of the trace generator at `path` (default: this repository's)."""
     spec = importlib.util.spec_from_file_location("tree_trace", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.make_trace
 
 
-def stand_in_trace(num_prompts: int, prompt_tokens: int, page: int, seed: int):
-    """Prompts that each copy a long page-aligned prefix of an earlier one, then go on fresh."""
-    rng = np.random.default_rng(seed)
-    prompts, fresh = [], 1
-    for i in range(num_prompts):
-        share = 0 if i == 0 else int(rng.integers(prompt_tokens // page * 3 // 4, prompt_tokens // page)) * page
-        base = prompts[int(rng.integers(0, len(prompts)))][:share] if share else np.zeros(0, np.int32)
-        new = np.arange(fresh, fresh + prompt_tokens - share, dtype=np.int32)
-        fresh += prompt_tokens - share
-        prompts.append(np.concatenate([base, new]).astype(np.int32))
-    return prompts
+def cpu_model() -> str:
+    """The CPU's model name (lscpu's "Model name"), or what platform knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def pct(xs, q):
@@ -118,19 +111,23 @@ def run(layout_name: str, num_prompts: int, prompt_tokens: int, make_trace, seed
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=70_000)
-    ap.add_argument("--prompt-tokens", type=int, default=8192)
-    ap.add_argument("--layouts", default="tiny_gqa,tiny_v4")
-    ap.add_argument("--trace", type=pathlib.Path, default=DEFAULT_TRACE)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "bench_tree.json"))
+    ap.add_argument("--prompts", type=int, default=70_000, help="prompts of the trace the tree is built from")
+    ap.add_argument("--prompt-tokens", type=int, default=8192, help="tokens per prompt (a multiple of the page)")
+    ap.add_argument("--layouts", default="tiny_gqa,tiny_v4", help="model configs (configs/NAME.json), comma-separated")
+    ap.add_argument("--trace", type=pathlib.Path, default=DEFAULT_TRACE,
+                    help="a trace generator module with make_trace(num_prompts, prompt_tokens, page, seed)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the trace and of the prompts matched")
+    ap.add_argument("--smoke", action="store_true", help="300 prompts of 2,048 tokens: seconds, for CI")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/bench_tree.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
     if args.smoke:
         args.prompts, args.prompt_tokens = 300, 2048
+    args.out = args.out or default_out("bench_tree.json", args.smoke)
     make_trace = load_trace(args.trace)
-    results = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(),
-               "cpu": platform.processor() or platform.machine(), "runs": []}
+    results = {"date": time.strftime("%Y-%m-%d"), "python": platform.python_version(), "numpy": np.__version__,
+               "cpu": cpu_model(), "cores": os.cpu_count(), "trace": str(args.trace.relative_to(ROOT))
+               if args.trace.is_relative_to(ROOT) else str(args.trace), "seed": args.seed, "runs": []}
     print(f"{'layout':10} {'nodes':>7} {'match p50/p99 us':>18} {'insert p50/p99 us':>19} "
           f"{'insert p50 1st 10%':>19} {'evict p50 us (pages)':>22} {'per page':>9}")
     for name in args.layouts.split(","):

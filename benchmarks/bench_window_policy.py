@@ -26,6 +26,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hicache_jax as hc  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 # decode.py's own defaults (a 512-token system prompt: 2 pages; turns of about one page), a
 # longer system prompt of 7 whole pages and a bit, whose boundary no small N divides, and
@@ -87,13 +88,16 @@ def run_config(config: str, workload: str, extra: list[str], write_policies: lis
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="tiny_v4,tiny_v41")
-    ap.add_argument("--write-policies", default="write_through,write_back")
+    ap.add_argument("--configs", default="tiny_v4,tiny_v41", help="model configs (configs/NAME.json), comma-separated")
+    ap.add_argument("--write-policies", default="write_through,write_back",
+                    help="decode.py's --write-policy values, comma-separated")
     ap.add_argument("--policies", default=POLICIES, help="window policies, comma-separated")
     ap.add_argument("--workloads", default=",".join(WORKLOADS), help=f"of {list(WORKLOADS)}, comma-separated")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, a short workload, three policies")
-    ap.add_argument("--out", default=os.path.join(os.environ.get("OUT", "."), "window_policy.json"))
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/window_policy.json, or .../smoke/ with --smoke)")
     args = ap.parse_args(argv)
+    args.out = args.out or default_out("window_policy.json", args.smoke)
     configs, writes, policies = (s.split(",") for s in (args.configs, args.write_policies, args.policies))
     for name in policies:
         try:

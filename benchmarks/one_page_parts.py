@@ -32,6 +32,7 @@ import jax
 import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 import bench_api  # noqa: E402  (the same cache and prefix as the public-path benchmark)
 import hicache_jax as hc  # noqa: E402
 from hicache_jax.pools.host_tier import block_rows  # noqa: E402
@@ -175,14 +176,17 @@ def run(config: str, kernels: list[str], rounds: int) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash")
-    ap.add_argument("--kernels", default="auto,reference")
-    ap.add_argument("--rounds", type=int, default=40)
+    ap.add_argument("--configs", default="deepseek_v4_flash,deepseek_v41_flash",
+                    help="model configs (configs/NAME.json), comma-separated")
+    ap.add_argument("--kernels", default="auto,reference", help="engine kernels (TransferEngine kernels=), comma-separated")
+    ap.add_argument("--rounds", type=int, default=40, help="one-page hits per config and kernels (medians reported)")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, reference kernels, 3 rounds: CPU, seconds")
-    ap.add_argument("--out", default="one_page_parts.json")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/one_page_parts.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
     if args.smoke:
         args.configs, args.kernels, args.rounds = "tiny_v4", "reference", 3
+    args.out = args.out or default_out("one_page_parts.json", args.smoke)
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]), "runs": []}
     for config in args.configs.split(","):
         r = run(config, args.kernels.split(","), args.rounds)

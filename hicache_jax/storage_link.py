@@ -16,19 +16,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 
 import jax.numpy as jnp
 import numpy as np
 
 from hicache_jax.config import HiCacheConfig
 from hicache_jax.layout import PoolLayout
-from hicache_jax.storage import (GetResult, StorageBackend, StorageConfig, StorageOp, StorageStats, StorageTier,
-                                 open_backend)
+from hicache_jax.storage import (GetResult, MissReason, StorageBackend, StorageConfig, StorageOp, StorageStats,
+                                 StorageTier, open_backend)
 from hicache_jax.transfer import TransferEngine
 from hicache_jax.tree import HostCopy, NodeId, PrefetchJob, TransferId, TreeCore, as_tokens
 from hicache_jax.tree.match import cap_tokens
 
 log = logging.getLogger("hicache_jax.storage")
+RETRY_PAUSE_S = 0.5   # between attempts to reach a store that is down
 
 
 class UnreachableBackend:
@@ -50,16 +52,21 @@ class UnreachableBackend:
         return None
 
 
-def open_store(url: str, timeout_s: float) -> StorageBackend:
-    """The backend `url` names; a store that cannot be reached now is logged and stands in
-    as unreachable (a malformed URL raises ValueError)."""
-    try:
-        return open_backend(url, timeout_s)
-    except ValueError:
-        raise
-    except Exception as e:           # down, refused, missing library: serve without L3
-        log.warning("L3 storage %s unavailable, serving from device and host only: %s", url, e)
-        return UnreachableBackend(url, e)
+def open_store(url: str, timeout_s: float, retry_s: float = 0.0) -> StorageBackend:
+    """The backend `url` names. A store that cannot be reached is tried again for `retry_s`
+    seconds (0: once), then stands in as unreachable; `StorageLink` says so in one log line
+    (a malformed URL raises ValueError)."""
+    deadline = time.monotonic() + retry_s
+    while True:
+        try:
+            return open_backend(url, timeout_s)
+        except ValueError:
+            raise
+        except Exception as e:           # down, refused, missing library: serve without L3
+            left = deadline - time.monotonic()
+            if left <= 0 or isinstance(e, ImportError):
+                return UnreachableBackend(url, e)
+            time.sleep(min(RETRY_PAUSE_S, left))
 
 
 @dataclasses.dataclass
@@ -76,6 +83,8 @@ class StorageLink:
         self.tier = StorageTier(layout, backend, StorageConfig(config.storage_call_timeout_s,
                                                                config.storage_retry_after_s,
                                                                model_id=config.storage_model_id), tp=tp)
+        if isinstance(backend, UnreachableBackend):   # the one log line; later probes fail quietly
+            self.tier.guard.failed("open", MissReason.ERROR, f"{backend.name[12:]} could not be opened: {backend.error}")
         self._prefetches: dict[TransferId, _Prefetch] = {}
         self._writes: list[StorageOp] = []
         self._page = layout.page_size

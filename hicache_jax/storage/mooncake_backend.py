@@ -15,12 +15,19 @@ read the header scratch and the host row where they lie (host tier buffers passe
 `register` are registered with the engine once). The engine bounds its own RPCs (30 s);
 the tier's shorter timeout decides when the serving loop stops waiting.
 
+A master that cannot be reached fails fast: a TCP connect to it (bounded by
+`connect_timeout_s`) comes before the client starts, whose own setup retries 20 times over
+about 90 s and logs each attempt (it reads its retry count only from the environment:
+`MC_STORE_CLIENT_SETUP_RETRIES` is set to 1 unless already set). Its log lines (glog)
+cannot be turned down from the environment, so a master that is down logs none at all.
+
 Needs the `mooncake` extra (`pip install hicache-jax[mooncake]`, the non-CUDA wheel: only
 host memory moves) and `libibverbs.so.1` even over TCP (`apt-get install libibverbs1`).
 """
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 import threading
 import urllib.parse
@@ -55,7 +62,7 @@ class MooncakeBackend(StorageBackend):
     """A Mooncake Store client connected to the master at `master` ("host:port")."""
 
     def __init__(self, master: str, *, segment_bytes: int = 0, buffer_bytes: int = DEFAULT_BUFFER_BYTES,
-                 protocol: str = "tcp", local_host: str | None = None):
+                 protocol: str = "tcp", local_host: str | None = None, connect_timeout_s: float = 5.0):
         if protocol not in ("tcp", "rdma"):
             raise ValueError(f"protocol must be 'tcp' or 'rdma', got {protocol!r}")
         host, _, port = master.rpartition(":")
@@ -66,6 +73,8 @@ class MooncakeBackend(StorageBackend):
                 raise ValueError(f"{field} must be an int >= 0, got {value!r}")
         self.name = f"mooncake:{master}"
         self.local_host = local_host or (host if _is_loopback(host) else socket.getfqdn())
+        _reach(host, int(port), connect_timeout_s)
+        os.environ.setdefault("MC_STORE_CLIENT_SETUP_RETRIES", "1")   # the reach above was the retry
         self.store = import_store()()
         rc = self.store.setup(self.local_host, "P2PHANDSHAKE", segment_bytes, buffer_bytes, protocol, "", master)
         if rc != 0:
@@ -74,21 +83,8 @@ class MooncakeBackend(StorageBackend):
         self._lock = threading.Lock()
 
     @classmethod
-    def from_url(cls, url: str) -> "MooncakeBackend":
-        parts = urllib.parse.urlsplit(url)
-        if parts.scheme != "mooncake" or not parts.netloc or parts.path not in ("", "/"):
-            raise ValueError(f"a Mooncake URL is mooncake://host:port, got {url!r}")
-        options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
-        unknown = sorted(set(options) - {"segment", "buffer", "protocol", "local_host"})
-        if unknown:
-            raise ValueError(f"unknown option {unknown[0]!r} in {url!r} (options: segment, buffer, protocol, local_host)")
-        sizes = {}
-        for opt in ("segment", "buffer"):
-            if opt in options:
-                if not options[opt].isdigit():
-                    raise ValueError(f"option {opt} must be a byte count, got {options[opt]!r} in {url!r}")
-                sizes[f"{opt}_bytes"] = int(options[opt])
-        return cls(parts.netloc, protocol=options.get("protocol", "tcp"), local_host=options.get("local_host"), **sizes)
+    def from_url(cls, url: str, timeout_s: float = 5.0) -> "MooncakeBackend":
+        return cls(**parse_url(url), connect_timeout_s=timeout_s)
 
     def contains(self, keys: Sequence[str]) -> list[bool]:
         codes = self.store.batch_is_exist(list(keys))
@@ -149,6 +145,39 @@ def _pointers(pieces) -> tuple[list[list[int]], list[list[int]]]:
         ptrs.append([a.ctypes.data for a in arrays])
         sizes.append([a.nbytes for a in arrays])
     return ptrs, sizes
+
+
+def parse_url(url: str) -> dict:
+    """`MooncakeBackend`'s arguments from a `mooncake://host:port?...` URL (connects to nothing);
+    ValueError naming what is wrong."""
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "mooncake" or not parts.netloc or parts.path not in ("", "/"):
+        raise ValueError(f"a Mooncake URL is mooncake://host:port, got {url!r}")
+    host, _, port = parts.netloc.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a Mooncake URL is mooncake://host:port, got {url!r}")
+    options = dict(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    unknown = sorted(set(options) - {"segment", "buffer", "protocol", "local_host"})
+    if unknown:
+        raise ValueError(f"unknown option {unknown[0]!r} in {url!r} (options: segment, buffer, protocol, local_host)")
+    args = {"master": parts.netloc, "protocol": options.get("protocol", "tcp"), "local_host": options.get("local_host")}
+    if args["protocol"] not in ("tcp", "rdma"):
+        raise ValueError(f"option protocol must be 'tcp' or 'rdma', got {args['protocol']!r} in {url!r}")
+    for opt in ("segment", "buffer"):
+        if opt in options:
+            if not options[opt].isdigit():
+                raise ValueError(f"option {opt} must be a byte count, got {options[opt]!r} in {url!r}")
+            args[f"{opt}_bytes"] = int(options[opt])
+    return args
+
+
+def _reach(host: str, port: int, timeout_s: float) -> None:
+    """MooncakeError unless a TCP connection to the master opens within `timeout_s`."""
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as e:
+        raise MooncakeError(f"cannot reach mooncake_master at {host}:{port}: "
+                            f"{e.strerror or type(e).__name__} (is it running?)") from None
 
 
 def _is_loopback(host: str) -> bool:

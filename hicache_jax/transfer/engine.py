@@ -32,6 +32,7 @@ import numpy as np
 from pallas_kernels import PAD
 
 from hicache_jax import validate
+from hicache_jax.config import xla_pinned_limit_bytes
 from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
@@ -49,7 +50,6 @@ from hicache_jax.transfer.whole import WholePlans
 log = logging.getLogger("hicache_jax.transfer")
 
 DEFAULT_MAX_STAGING_BYTES = 512 << 20
-DEFAULT_HOST_MEMORY_LIMIT_BYTES = 64 << 30
 MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
 
 
@@ -77,11 +77,13 @@ class TransferEngine:
     A deferred load leaves at most one whole host block of the anchor allocator to the model's
     step, of one of `landing_buckets` sizes (the largest powers of two of a chunk,
     `landing_sizes`): a step compiles once per size, at warm-up (`landing_examples`).
+    `host_memory_limit_bytes` caps the host tier (None, the default: the cap of XLA's pinned
+    pool, as `HiCacheConfig` defaults to); a larger tier raises ValueError before anything is pinned.
     """
 
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
                  mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
-                 host_memory_limit_bytes: int = DEFAULT_HOST_MEMORY_LIMIT_BYTES, *, kernels: str = "auto",
+                 host_memory_limit_bytes: int | None = None, *, kernels: str = "auto",
                  block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES, layer_groups: int = 1,
                  landing_buckets: int = DEFAULT_LANDING_BUCKETS):
         self.layout = layout
@@ -99,7 +101,10 @@ class TransferEngine:
                                  f"{a!r} ({row_bytes:,} B per device)")
             # no batch is larger than either tier, and a host copy never exceeds the host pool
             chunk_pages[a] = min(pages, MAX_CHUNK_PAGES, _floor_pow2(min(self._device.pages[a], host_counts[a])))
-        self.host = HostTier(layout, host_counts, self.devices, host_memory_limit_bytes, layer_groups)
+        # None: the cap of XLA's pinned pool, as `HiCacheConfig.host_memory_limit_bytes` defaults to
+        limit = (xla_pinned_limit_bytes() if host_memory_limit_bytes is None
+                 else validate.count("host_memory_limit_bytes", host_memory_limit_bytes, minimum=1))
+        self.host = HostTier(layout, host_counts, self.devices, limit, layer_groups)
         self._programs = {
             a: AllocatorPrograms(fmt, [self._device.shape(s) for s in fmt.pools], self.devices,
                                  functools.partial(self.host.block, a), self.host.sharding(a), chunk_pages[a],

@@ -1,10 +1,10 @@
 """`Landing`: a load-back whose bytes the model's own step moves, layer group by layer group.
 
 A blocking load-back moves a prefix before the model's first step can start. A *deferred*
-one (`HiCache.load_back(match, deferred=True)`) dispatches nothing for the largest whole
-host blocks it would move (`max_deferred_blocks` per allocator; the rest moves at once);
-it returns a `Landing` instead: a pytree of those pinned blocks
-(one array per layer group, `HostRowFormat.parts`) and the device pages they go to. The
+one (`HiCache.load_back(match, deferred=True)`) dispatches nothing for one whole anchor
+block it would move (the largest of a landing size, `TransferEngine.landing_sizes`; the
+rest moves at once); it returns a `Landing` instead: a pytree of that pinned block (one
+array per layer group, `HostRowFormat.parts`) and the device pages it goes to. The
 serving loop passes it into its jitted step, which lands each group just before the
 first layer that reads it:
 

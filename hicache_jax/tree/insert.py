@@ -128,7 +128,8 @@ class Inserter:
         if len(set(dev.tolist())) != dev.size:
             raise ValueError(f"insert gives {self._anchor} device pages twice: {dev.tolist()}")
         differ = np.flatnonzero(dev[: ours.size] != ours).tolist() + list(range(ours.size, dev.size))
-        self._foreign(self._anchor, dev[differ].tolist(), lambda: ())
+        if differ:   # where the request gives other pages than the tree's, they must be its own
+            self._foreign(self._anchor, {k: int(dev[k]) for k in differ}, lambda: _NONE)
         for name, given in windows.items():
             bad = [k for k in given if not 0 <= k < n_pages]
             if bad:
@@ -136,18 +137,21 @@ class Inserter:
             pages = list(given.values())
             if len(set(pages)) != len(pages):
                 raise ValueError(f"insert gives {name} device pages twice: {pages}")
-            self._foreign(name, pages, lambda k=self._window_index[name]: set(self._tree_pages_along(path, k).tolist()))
+            self._foreign(name, given, lambda k=self._window_index[name]: self._tree_pages_along(path, k))
         return ours
 
-    def _foreign(self, allocator: str, pages: list[int], tree_own) -> None:
-        """Raise for pages of `pages` neither held nor in `tree_own()` (computed only if needed)."""
-        loose = [p for p in pages if not self._ledger.is_held(allocator, p)]
+    def _foreign(self, allocator: str, given: Mapping[int, int], tree_own) -> None:
+        """Raise for pages of `given` ({logical page: device page}) neither held by a request
+        nor the tree's own page at that same logical page (`tree_own()`, in logical order,
+        computed only if needed). Another page of the path is not the caller's to give: a
+        lock of another request pins it, and the tree would own it twice."""
+        loose = [(k, p) for k, p in given.items() if not self._ledger.is_held(allocator, p)]
         if loose:
             own = tree_own()
-            foreign = [p for p in loose if p not in own]
+            foreign = [p for k, p in loose if not (k < own.size and own[k] == p)]
             if foreign:
                 raise ValueError(f"insert gives {allocator} device pages {foreign} that are neither held "
-                                 f"by a request nor the tree's own pages for these tokens")
+                                 f"by a request nor the tree's own pages at those logical pages of these tokens")
 
     def _tree_pages_along(self, path, component: int) -> np.ndarray:
         """The tree's device pages of `component` along a walk (in order)."""

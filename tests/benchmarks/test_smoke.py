@@ -8,6 +8,16 @@ import pytest
 
 from conftest import ROOT
 
+SCRATCH = {".pytest_cache", ".hypothesis", "__pycache__"}   # ignored by git, made by the test run itself
+
+
+@pytest.fixture(scope="module", autouse=True)
+def nothing_is_left_in_the_repository_root():
+    """Results go where --out says, or under benchmarks/results/: never into the root."""
+    before = {p.name for p in ROOT.iterdir()}
+    yield
+    assert {p.name for p in ROOT.iterdir()} - before - SCRATCH == set()
+
 
 def run(script, tmp_path, *args):
     out = tmp_path / "result.json"

@@ -84,9 +84,10 @@ class Driver:
                 got = pools[spec.name][:, int(page)]
                 assert got.tobytes() == want.tobytes(), f"{spec.name}: logical page {i} (device page {page}) is wrong"
 
-    def request(self, blocks, load=True, swa_every=False, must_fit=True, land=None) -> int:
+    def request(self, blocks, load=True, swa_every=False, must_fit=True, land=None, step=True) -> int:
         """Serve one prompt of `blocks` pages (+1 token); returns the tokens served from the cache.
         With `must_fit=False` a request the device cannot hold now is turned away (returns -1).
+        With `step=False` the backups its insert queued stay queued (no `step()` after it).
         `land`: None, a blocking load-back; "step", a deferred one that a jitted step lands
         (`land_in_step`); "cache", a deferred one left for the cache to land (`drain`)."""
         c = self.cache
@@ -122,5 +123,6 @@ class Driver:
         self.write(writes)
         c.insert(seq(blocks), list(table) + new, keep)
         c.unlock(prefix.lock)
-        c.step()
+        if step:
+            c.step()
         return usable

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import hicache_jax as hc
+from conftest import other_device
 from driver import Driver, P, layout, seq
 
 
@@ -22,7 +23,7 @@ def cache():
     (lambda p: p.update(swa=p["swa"][:, :3]), "has shape"),
     (lambda p: p.update(swa=p["swa"].astype(jnp.int32)), "dtype"),
     (lambda p: p.update(swa=np.asarray(p["swa"])), "not a jax.Array"),
-    (lambda p: p.update(swa=jax.device_put(p["swa"], jax.devices()[1])), "sharding|placed"),
+    (lambda p: p.update(swa=jax.device_put(p["swa"], other_device(p["swa"]))), "sharding|placed"),
 ])
 def test_set_device_pools_rejects_wrong_pools(cache, mutate, match):
     before = cache.device_pools

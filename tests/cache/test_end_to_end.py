@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import hicache_jax as hc
+from conftest import tp_mesh
 from driver import P, Driver, land_in_step, layout, seq
 from faults import faulty_cache
 
@@ -181,9 +182,7 @@ def test_early_copies_serve_the_same_bytes(name):
 def test_on_a_tp_mesh(name, tp):
     """GQA K/V is split by kv head across ranks (each rank backs up its shard); V4 pools are
     replicated (one host copy, broadcast on load). Bytes must come back the same."""
-    import jax
-    from jax.sharding import Mesh
-    mesh = Mesh(np.array(jax.devices()[:tp]), ("tp",))
+    mesh = tp_mesh(tp)
     cache = hc.HiCache(layout(name), hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True),
                        mesh=mesh)
     d = Driver(cache)

@@ -7,6 +7,7 @@ import pytest
 
 import hicache_jax as hc
 from hicache_jax.tree import Tier
+from conftest import tp_mesh
 from driver import Driver, P, layout, seq
 
 LAYOUTS = ["tiny_v4", "tiny_v41", "tiny_gqa"]
@@ -176,6 +177,30 @@ def test_a_load_back_that_cannot_fit_is_refused_before_evicting():
     assert d.request([0, 1, 2]) == 3 * P
 
 
+def test_insert_refuses_pages_another_requests_lock_pins():
+    """Pages of the tree that another request's lock pins are not the caller's to give:
+    only its held pages, or the tree's own page at the same logical page (a prefix it
+    reused), are accepted; anything else would leave the tree owning a page twice."""
+    c = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=12, swa_device_pages=7, host_ratio=1.5,
+                                                       check_invariants=True))
+    d = Driver(c)
+    d.request([0, 1, 2], swa_every=True)
+    other = c.acquire(np.concatenate([seq([0, 1, 2]), [7]]))    # another request pins pages 0..2
+    assert other.length == 3 * P and len(other.swa_pages) == 1
+    grant = c.alloc(1, 1)
+    before, stats = free_counts(c), c.stats()
+    tokens, table = seq([0, 1, 2, 3]), [*other.device_pages.tolist(), *grant["kv"].tolist()]
+    locked_swa = int(other.swa_pages[-1])
+    with pytest.raises(ValueError, match=rf"swa device pages \[{locked_swa}\] that are neither held"):
+        c.insert(tokens, table, {3: locked_swa})             # its window page, given as this request's
+    with pytest.raises(ValueError, match=r"kv device pages \[1, 0\] that are neither held"):
+        c.insert(tokens, [table[1], table[0], *table[2:]], {3: int(grant["swa"][0])})   # its pages, swapped
+    assert free_counts(c) == before and c.stats() == stats
+    c.insert(tokens, table, {3: int(grant["swa"][0])})       # its own pages, and the tree's where it reused them
+    c.unlock(other.lock)
+    c.check_invariants()
+
+
 @pytest.fixture(scope="module")
 def served():
     c = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=12, check_invariants=True))
@@ -245,5 +270,5 @@ def test_constructor_arguments_are_checked():
         hc.HiCache(lay, cfg, mesh="tp")
     with pytest.raises(ValueError, match="clock must be a callable"):
         hc.HiCache(lay, cfg, clock=3.0)
-    mesh = jax.sharding.Mesh(np.array(jax.devices()[:2]), ("tp",))
+    mesh = tp_mesh(2)
     hc.HiCache(layout("tiny_gqa"), cfg, mesh=mesh).check_invariants()

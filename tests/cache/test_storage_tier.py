@@ -178,3 +178,29 @@ def test_a_snapshot_restores_the_host_tier_in_a_new_cache(name, tmp_path):
                        hc.HiCacheConfig(device_pages=6, host_pages=12))
     with pytest.raises(ValueError, match="another layout"):
         other.restore_snapshot(tmp_path / "snap")
+
+
+@pytest.mark.parametrize("retry_s", [0.0, 1.5])
+def test_an_unreachable_store_degrades_at_once_with_one_log_line(retry_s, caplog):
+    """A Mooncake master nobody listens on: the cache is built within a few seconds (after
+    `storage_connect_retry_s` of retrying), says so in one warning, and serves from L1/L2."""
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]                  # closed again: nothing listens there
+    caplog.set_level("WARNING", logger="hicache_jax")
+    t0 = time.monotonic()
+    c = hc.HiCache(layout("tiny_v4"), config("tiny_v4", storage=f"mooncake://127.0.0.1:{port}",
+                                              storage_connect_retry_s=retry_s))
+    assert retry_s <= time.monotonic() - t0 < retry_s + 3
+    d = Driver(c)
+    for blocks in ([0, 1], [0, 1, 2], [0, 1]):
+        d.request(blocks)
+    time.sleep(0.3)                                 # past storage_retry_after_s: probed again, quietly
+    d.request([0, 1, 3])
+    s = c.stats().storage
+    assert s.degraded and s.failures["open"] == {"error": 1} and d.device_hits > 0
+    warnings = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and f"127.0.0.1:{port}" in warnings[0].getMessage(), caplog.text
+    assert "cannot reach mooncake_master" in warnings[0].getMessage()
+    c.close()

@@ -134,3 +134,10 @@ def test_gqa_rejects_sliding_window(config_path):
 def test_build_layout_type_check():
     with pytest.raises(ValueError, match="takes a ModelConfig, got dict"):
         hc.build_layout({"model_type": "gqa"})
+
+
+@pytest.mark.parametrize("field", ["hidden_size", "num_attention_heads", "vocab_size", "index_topk", "intermediate_size"])
+def test_negative_sizes_are_rejected(config_path, field):
+    """0 stands for a field a family does not use; a negative size is never valid."""
+    with pytest.raises(ValueError, match=rf"config field '{field}' must not be negative, got -128"):
+        build(tiny(config_path, "tiny_v4", **{field: -128}))

@@ -3,6 +3,7 @@ existing keys, sizes that expose cut-off or foreign objects; and a tier works ov
 import numpy as np
 import pytest
 
+import hicache_jax as hc
 from hicache_jax.storage import HEADER_BYTES, MemoryBackend, StorageConfig, StorageTier, open_backend
 from hicache_jax.storage.objects import encode
 from storage_helpers import load_layout, needs_mooncake, random_rows, random_tokens, start_mooncake
@@ -94,8 +95,11 @@ def test_tier_over_each_backend(backend, name, tp):
     ("mooncake://127.0.0.1:1?segment=lots", "byte count"), ("mooncake://127.0.0.1:1?protocol=udp", "protocol"),
 ])
 def test_bad_urls_raise_value_error(url, match):
-    if url.startswith("mooncake://127") and needs_mooncake.args[0]:
-        pytest.skip("needs the mooncake extra")
+    from hicache_jax.storage.backend import check_url
+    with pytest.raises(ValueError, match=match):   # its form alone, before anything is opened
+        check_url(url)
+    with pytest.raises(ValueError, match=match):
+        hc.HiCacheConfig(device_pages=4, storage=url)
     with pytest.raises(ValueError, match=match):
         open_backend(url)
 

@@ -2,12 +2,12 @@
 import jax
 import numpy as np
 import pytest
-from jax.sharding import Mesh
 
 from hicache_jax.pools.host_rows import ROW_ALIGN_BYTES, HostRowFormat
 from hicache_jax.pools.placement import Devices
 from hicache_jax.storage import KeySpace, RowLayout
 from hicache_jax.storage import rows as storage_rows
+from conftest import tp_mesh
 from storage_helpers import load_layout
 
 
@@ -15,7 +15,7 @@ from storage_helpers import load_layout
                                       ("tiny_v4", 2)])
 def test_segments_are_the_pools_of_a_host_row(name, tp):
     layout = load_layout(name)
-    devices = Devices.create(None if tp == 1 else Mesh(np.array(jax.devices()[:tp]), ("tp",)))
+    devices = Devices.create(None if tp == 1 else tp_mesh(tp))
     keys = KeySpace(layout, tp=tp)
     assert storage_rows.ROW_ALIGN_BYTES == ROW_ALIGN_BYTES
     for allocator in storage_rows.byte_allocators(layout):

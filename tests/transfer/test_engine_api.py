@@ -16,7 +16,7 @@ from hicache_jax.plan import make_plan
 from hicache_jax.pools import ROW_ALIGN_BYTES
 from hicache_jax.transfer import TransferEngine, hlo_host_ops, host_compute_violations
 
-from conftest import CONFIGS, ROOT
+from conftest import CONFIGS, ROOT, other_device, tp_mesh
 
 
 def layout_of(name):
@@ -53,16 +53,16 @@ def test_pools_have_the_documented_shapes_dtypes_and_shardings(v4):
 
 def test_tp_pools_are_sharded_and_host_rows_split_per_rank():
     layout = layout_of("tiny_gqa")
-    mesh = jax.make_mesh((4,), ("tp",), devices=jax.devices()[:4])
+    mesh = tp_mesh(4)
     engine = TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=mesh)
     pool = engine.init_device_pools()["gqa_kv"]
     assert pool.sharding.spec[3] == "tp" and pool.addressable_shards[0].data.shape[3] == 2  # 8 heads / 4
     (host,) = engine.host.block("kv", 8)
     assert host.sharding.spec == jax.sharding.PartitionSpec(None, "tp") and len(host.addressable_shards) == 4
     with pytest.raises(ValueError, match="cannot be split over tp=3"):
-        TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=jax.make_mesh((3,), ("tp",), devices=jax.devices()[:3]))
+        TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=tp_mesh(3))
     with pytest.raises(ValueError, match="axes must be exactly"):
-        TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=jax.make_mesh((2,), ("x",), devices=jax.devices()[:2]))
+        TransferEngine(layout, {"kv": 4}, {"kv": 8}, mesh=tp_mesh(2, "x"))
 
 
 def test_check_device_pools_names_the_pool_and_the_problem(v4):
@@ -75,7 +75,7 @@ def test_check_device_pools_names_the_pool_and_the_problem(v4):
         ({**pools, c4: pools[c4][:, :4]}, f"pool '{c4}' has shape"),
         ({**pools, c4: pools[c4].astype(jnp.int8)}, f"pool '{c4}' has dtype"),
         ({**pools, c4: np.asarray(pools[c4])}, "not a jax.Array"),
-        ({**pools, c4: jax.device_put(pools[c4], jax.devices()[1])}, "sharding"),
+        ({**pools, c4: jax.device_put(pools[c4], other_device(pools[c4]))}, "sharding"),
     ]
     for bad, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -114,8 +114,13 @@ def test_constructor_rejects_impossible_configurations():
     layout = layout_of("tiny_v4")
     with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8})  # 89 GB of kv rows
+    with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):   # None: the same default
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8}, host_memory_limit_bytes=None)
     with pytest.raises(ValueError, match="kv: 16 pages x 42,496 B"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, host_memory_limit_bytes=1 << 20)
+    for bad in (0, 1.5, "64G", True):
+        with pytest.raises(ValueError, match=f"host_memory_limit_bytes must be an integer >= 1, got {bad!r}"):
+            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, host_memory_limit_bytes=bad)
     with pytest.raises(ValueError, match="max_staging_bytes"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, max_staging_bytes=1000)
     with pytest.raises(ValueError, match="no entry for allocator 'swa'"):

@@ -20,7 +20,7 @@ import pallas_kernels as pk
 from hicache_jax.pools import DevicePools, Devices, HostRowFormat
 from hicache_jax.transfer.programs import AllocatorPrograms
 
-from conftest import CONFIGS
+from conftest import CONFIGS, tp_mesh
 
 DEVICE_PAGES, ROWS = 12, 4
 
@@ -40,7 +40,7 @@ def test_pack_and_unpack_programs_equal_reference(kernels, name, tp, groups):
     """Rows are one part per layer group (`groups`), each packed and unpacked by its own
     kernel call over a range of each pool's layers."""
     layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
-    mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
+    mesh = tp_mesh(tp) if tp else None
     devices = Devices.create(mesh)
     rng = np.random.default_rng(tp or 0)
     allocator = "kv"

@@ -11,13 +11,13 @@ from hicache_jax.plan import make_plan
 from hicache_jax.transfer import Landing, TransferEngine, host_compute_violations
 from hicache_jax.transfer.blocks import _largest_block
 
-from conftest import CONFIGS
+from conftest import CONFIGS, tp_mesh
 
 
 def engine_for(name, groups, kernels="reference", tp=None, landing_buckets=4):
     layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
     allocators = [p.name for p in layout.allocator_pools if layout.moving_with(p.name)]
-    mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
+    mesh = tp_mesh(tp) if tp else None
     return layout, allocators, TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators},
                                               mesh=mesh, kernels=kernels, layer_groups=groups,
                                               landing_buckets=landing_buckets)

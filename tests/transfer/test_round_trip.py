@@ -15,7 +15,7 @@ from hicache_jax.plan import make_plan
 from hicache_jax.pools import Devices, HostRowFormat
 from hicache_jax.transfer import TransferEngine, host_compute_violations
 
-from conftest import CONFIGS
+from conftest import CONFIGS, tp_mesh
 
 CASES = [  # (config, tp or None, kernels[, layer groups])
     ("tiny_v4", None, "reference"),
@@ -50,7 +50,7 @@ class Harness:
     def __init__(self, name, tp, kernels, groups=1):
         self.layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
         self.allocators = [p.name for p in self.layout.allocator_pools if self.layout.moving_with(p.name)]
-        mesh = jax.make_mesh((tp,), ("tp",), devices=jax.devices()[:tp]) if tp else None
+        mesh = tp_mesh(tp) if tp else None
         # a small staging cap, so that plans span several chunks (2 SWA pages, 8 kv pages)
         devices = Devices.create(mesh)
         row = max(HostRowFormat.create(self.layout, a, devices).rank_row_bytes for a in self.allocators)
