@@ -210,7 +210,7 @@ class Bench:
             t1 = clock()
             report = cache.step()
             step_calls.append(clock() - t1)
-            flying += (report.dispatched_backup_tokens > 0) - sum(c.startswith("backup:") for c in report.completed)
+            flying += (report.dispatched_backup_tokens > 0) - sum(c.direction is hc.Direction.BACKUP for c in report.completed)
             in_flight.append(flying > 0)
             out.block_until_ready()
             times.append(clock() - t0)

@@ -10,7 +10,8 @@ import importlib
 from hicache_jax.config import HiCacheConfig, ModelConfig, WritePolicyName, load_model_config
 from hicache_jax.layout import PoolLayout, PoolSpec, build_layout
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
-from hicache_jax.tree import EvictResult, InsertResult, LockId, MatchResult, Refusal
+from hicache_jax.plan import Direction
+from hicache_jax.tree import EvictResult, InsertResult, LockId, MatchResult, Refusal, TransferId
 from hicache_jax.window_policy import DEFAULT_WINDOW_POLICY, WindowPolicy
 
 __version__ = "0.1.0"
@@ -31,6 +32,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hicache_jax' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_WINDOW_POLICY", "EvictResult", "HiCacheConfig", "InsertResult", "LoadBack", "LockId",
-           "MatchResult", "ModelConfig", "PoolLayout", "PoolSpec", "Prefix", "Refusal", "StepReport", "WindowPolicy",
+__all__ = ["DEFAULT_WINDOW_POLICY", "Direction", "EvictResult", "HiCacheConfig", "InsertResult", "LoadBack", "LockId",
+           "MatchResult", "ModelConfig", "PoolLayout", "PoolSpec", "Prefix", "Refusal", "StepReport", "TransferId", "WindowPolicy",
            "WritePolicyName", "__version__", "build_layout", "load_model_config", *_LAZY]

@@ -337,10 +337,10 @@ class HiCache:
         for tid in self._flights.ids():
             ok = self._flights.complete(tid, blocking=False)
             if ok is not None:
-                (completed if ok else failed).append(str(tid))
+                (completed if ok else failed).append(tid)
         for tid in self._storage.in_flight() if self._storage is not None else ():
             if self._storage.finish(tid) is not None:
-                completed.append(str(tid))
+                completed.append(tid)
         return self._checked(StepReport(tokens, tuple(completed), tuple(failed)))
 
     def drain(self) -> None:

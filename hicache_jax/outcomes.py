@@ -5,7 +5,8 @@ import dataclasses
 
 import numpy as np
 
-from hicache_jax.tree import LockId, NodeId, Refusal
+from hicache_jax.plan import Direction
+from hicache_jax.tree import LockId, NodeId, Refusal, TransferId
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -64,6 +65,13 @@ class Prefix:
 
 @dataclasses.dataclass(frozen=True)
 class StepReport:
+    """What one `step()` did: tokens of the backups it dispatched, and the transfers that
+    ended, by id (`TransferId(Direction.LOAD, lb.load_id)` is a load-back; str: "load:7")."""
+
     dispatched_backup_tokens: int
-    completed: tuple[str, ...]   # "backup:<ack id>" / "load:<load id>" completed this step
-    failed: tuple[str, ...]      # the same for transfers that failed or timed out
+    completed: tuple[TransferId, ...]   # backups, loads and storage prefetches that completed this step
+    failed: tuple[TransferId, ...]      # the same for transfers that failed or timed out
+
+    def loaded(self, load_id: int) -> bool:
+        """Whether load-back `load_id` completed in this step."""
+        return TransferId(Direction.LOAD, load_id) in self.completed

@@ -2,9 +2,9 @@
 whole blocks, rows read and written outside any plan, and compaction.
 
 Host pages live in pinned blocks (`HostTier`): a load chunk that is exactly one block
-moves whole (`("block", block)`), or from the device copy an early copy program of that
-block started (`("rows", copy)`); any other chunk gathers its rows block by block
-(`("pieces", ...)`). An early copy starts when the tree is about to plan a load
+moves whole (`WholeBlock`), or from the device copy an early copy program of that block
+started (`EarlyCopy`); any other chunk gathers its rows block by block (`Pieces`, see
+moves.py). An early copy starts when the tree is about to plan a load
 (`prefetch`) or first thing in the load's `start`, so the copy engine moves the block while
 Python checks and dispatches; it costs a device copy of the block until it is unpacked.
 The copy is a program that takes only the block (`Program.COPY`): no page index to hand
@@ -23,6 +23,7 @@ from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.transfer import chunks as chunking
+from hicache_jax.transfer.moves import EarlyCopy, Move, Piece, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
@@ -99,16 +100,15 @@ class HostBlocks:
         return True
 
     # -- load chunks -------------------------------------------------------------------------
-    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict):
-        """How one load chunk moves: `("rows", device copy)`, `("block", block)` or
-        `("pieces", [(array, row, log2 rows, staging row), ...])` (module docstring)."""
+    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict) -> Move:
+        """How one load chunk moves (module docstring, moves.py)."""
         table = self.host.tables[progs.fmt.allocator]
         start = part.whole_run_host_start
         if start is not None and not progs.broadcast_load:
             block = table.whole(start, part.padded_pages)
             if block is not None:
                 copied = early.get(id(block))
-                return ("rows", copied[1]) if copied is not None else ("block", block)
+                return EarlyCopy(copied[1]) if copied is not None else WholeBlock(block)
         pieces = []
         for g in part.groups:
             for i in range(g.num_real):
@@ -116,11 +116,11 @@ class HostBlocks:
                 for block, row, n in table.segments(int(g.host_rows[i]), 1 << g.log2_rows):
                     for piece, k in binary(n):
                         if block == NO_BLOCK:
-                            pieces.append((self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
+                            pieces.append(Piece(self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
                         else:
-                            pieces.append((table.arrays[block], row + piece, k, dst + piece))
+                            pieces.append(Piece(table.arrays[block], row + piece, k, dst + piece))
                     dst += n
-        return "pieces", pieces
+        return Pieces(tuple(pieces))
 
     def defer(self, work, moves):
         """Split a load's chunk moves (`start`'s `work`, `moves`): of the whole host blocks it
@@ -135,36 +135,40 @@ class HostBlocks:
             sizes = () if progs.broadcast_load or deferred else self.landing_rows.get(progs.fmt.allocator, ())
             chosen = _largest_block(chunk_moves, sizes)
             rest = []
-            for c, (part, (kind, payload)) in enumerate(zip(parts, chunk_moves)):
-                if kind == "block" and chosen == (c, None):
-                    deferred.append((progs, names, payload, part.device_pages))
-                    continue
-                if kind != "pieces":            # a block not chosen, or replicated pools on a mesh
-                    rest.append((part, (kind, payload)))
-                    continue
-                pages, now = part.device_pages.copy(), []
-                for i, (array, row, k, dst) in enumerate(payload):
-                    if chosen == (c, i):
-                        deferred.append((progs, names, array, pages[dst:dst + (1 << k)].copy()))
-                        pages[dst:dst + (1 << k)] = PAD
-                    else:
-                        now.append((array, row, k, dst))
-                if now:
-                    rest.append((dataclasses.replace(part, device_pages=pages), ("pieces", now)))
+            for c, (part, move) in enumerate(zip(parts, chunk_moves)):
+                match move:
+                    case WholeBlock(block) if chosen == (c, None):
+                        deferred.append((progs, names, block, part.device_pages))
+                    case Pieces(pieces):
+                        pages, now = part.device_pages.copy(), []
+                        for i, piece in enumerate(pieces):
+                            span = slice(piece.staging_row, piece.staging_row + piece.rows)
+                            if chosen == (c, i):
+                                deferred.append((progs, names, piece.block, pages[span].copy()))
+                                pages[span] = PAD
+                            else:
+                                now.append(piece)
+                        if now:
+                            rest.append((dataclasses.replace(part, device_pages=pages), Pieces(tuple(now))))
+                    case _:                     # a block not chosen, or replicated pools on a mesh
+                        rest.append((part, move))
             if rest:
                 kept_work.append((progs, [part for part, _ in rest]))
                 kept_moves.append([move for _, move in rest])
         return kept_work, kept_moves, deferred
 
     @staticmethod
-    def load_keys(progs: AllocatorPrograms, part: chunking.Chunk, move) -> list[tuple]:
+    def load_keys(progs: AllocatorPrograms, part: chunking.Chunk, move: Move) -> list[tuple]:
         """Program keys a load chunk moving by `move` needs."""
-        kind, payload = move
-        if kind != "pieces":
-            return [(Program.LOAD_BLOCK, part.padded_pages, int(kind == "rows"))]
-        take = [(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []
-        return [*((Program.H2D, block_rows(array), k) for array, _, k, _ in payload), *take,
-                (Program.UNPACK, part.padded_pages)]
+        match move:
+            case WholeBlock():
+                return [(Program.LOAD_BLOCK, part.padded_pages, 0)]
+            case EarlyCopy():
+                return [(Program.LOAD_BLOCK, part.padded_pages, 1)]
+            case Pieces(pieces):
+                take = [(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []
+                return [*((Program.H2D, block_rows(p.block), p.log2_rows) for p in pieces), *take,
+                        (Program.UNPACK, part.padded_pages)]
 
     # -- rows outside the plans (L3 storage, snapshots, tests) --------------------------------
     def read_rows(self, progs: AllocatorPrograms, pages: np.ndarray) -> np.ndarray:
@@ -256,19 +260,19 @@ def binary(n: int) -> list[tuple[int, int]]:
     return out
 
 
-def _largest_block(chunk_moves, sizes) -> tuple[int, int | None] | None:
+def _largest_block(chunk_moves: list[Move], sizes) -> tuple[int, int | None] | None:
     """The largest whole block among one allocator's chunk moves whose rows are in `sizes`
     (the first of equal ones), or None: `(chunk, None)` for a chunk that is one block,
     `(chunk, piece)` for a piece that is."""
     best, rows = None, 0
-    for c, (kind, payload) in enumerate(chunk_moves):
-        if kind == "block":
-            found = [(block_rows(payload), None)]
-        elif kind == "pieces":
-            found = [(1 << k, i) for i, (array, row, k, _) in enumerate(payload)
-                     if row == 0 and block_rows(array) == 1 << k]
-        else:
-            found = []
+    for c, move in enumerate(chunk_moves):
+        match move:
+            case WholeBlock(block):
+                found = [(block_rows(block), None)]
+            case Pieces(pieces):
+                found = [(p.rows, i) for i, p in enumerate(pieces) if p.row == 0 and block_rows(p.block) == p.rows]
+            case _:
+                found = []
         for n, piece in found:
             if n in sizes and n > rows:
                 best, rows = (c, piece), n

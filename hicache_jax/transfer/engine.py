@@ -42,6 +42,7 @@ from hicache_jax.transfer import chunks as chunking, warm
 from hicache_jax.transfer.blocks import DEFAULT_LANDING_BUCKETS, EARLY_COPY_BYTES, HostBlocks
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
+from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock
 from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program, plan_index, resolve_kernels
 from hicache_jax.transfer.resident import ResidentIndices
@@ -371,23 +372,24 @@ class TransferEngine:
     def _load(self, progs: AllocatorPrograms, parts, chunk_moves, out: dict[str, jax.Array]) -> list[jax.Array]:
         names = [s.name for s in progs.fmt.pools]
         tokens = []
-        for part, (kind, payload) in zip(parts, chunk_moves):
+        for part, move in zip(parts, chunk_moves):
             pools = tuple(out[n] for n in names)
-            if kind != "pieces":
-                load = progs.compiled(Program.LOAD_BLOCK, part.padded_pages, int(kind == "rows"))
-                new, token = load(pools, payload, self._ints.index(part.device_pages))
-            else:
-                a = progs.fmt.allocator
-                for array, row, k, dst in payload:
-                    h2d = progs.compiled(Program.H2D, block_rows(array), k)
-                    staging = self._staging_buffer(progs)
-                    self._staging[a] = h2d(staging, array, self._ints.one(row), self._ints.one(dst))
-                rows = self._staging[a]
-                if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
-                    rows = jax.device_put(progs.compiled(Program.TAKE, part.padded_pages)(rows),
-                                          self.devices.replicated())
-                unpack = progs.compiled(Program.UNPACK, part.padded_pages)
-                new, token = unpack(pools, rows, self._ints.index(part.device_pages))
+            match move:
+                case WholeBlock(block) | EarlyCopy(block):
+                    load = progs.compiled(Program.LOAD_BLOCK, part.padded_pages, int(isinstance(move, EarlyCopy)))
+                    new, token = load(pools, block, self._ints.index(part.device_pages))
+                case Pieces(pieces):
+                    a = progs.fmt.allocator
+                    for p in pieces:
+                        h2d = progs.compiled(Program.H2D, block_rows(p.block), p.log2_rows)
+                        staging = self._staging_buffer(progs)
+                        self._staging[a] = h2d(staging, p.block, self._ints.one(p.row), self._ints.one(p.staging_row))
+                    rows = self._staging[a]
+                    if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
+                        rows = jax.device_put(progs.compiled(Program.TAKE, part.padded_pages)(rows),
+                                              self.devices.replicated())
+                    unpack = progs.compiled(Program.UNPACK, part.padded_pages)
+                    new, token = unpack(pools, rows, self._ints.index(part.device_pages))
             out.update(zip(names, new))
             tokens.append(token)
         return tokens

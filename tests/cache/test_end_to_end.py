@@ -54,7 +54,7 @@ def test_deferred_load_misuse_changes_nothing():
             cache.load_back(cache.match_prefix(tokens), deferred=bad)
     prefix = cache.acquire(tokens, deferred=True)
     assert prefix.landing is not None and prefix.host_tokens == 3 * 256
-    assert not any(t.startswith("load:") for t in cache.step().completed)   # no step has landed it
+    assert not any(t.direction is hc.Direction.LOAD for t in cache.step().completed)   # no step has landed it
     pools = land_in_step(cache.device_pools, prefix.landing)
     with pytest.raises(ValueError, match="names no deferred load"):
         cache.set_device_pools(pools, landed=object())
@@ -62,7 +62,7 @@ def test_deferred_load_misuse_changes_nothing():
     with pytest.raises(ValueError, match="names no deferred load"):     # landed once only
         cache.set_device_pools(cache.device_pools, landed=prefix.landing)
     jax.block_until_ready(cache.device_pools)                              # the step has run
-    assert any(t.startswith("load:") for t in cache.step().completed)
+    assert any(t.direction is hc.Direction.LOAD for t in cache.step().completed)
     d.verify([1, 2, 3], prefix.device_pages, prefix.swa_pages)
     cache.unlock(prefix.lock)
     cache.check_invariants()

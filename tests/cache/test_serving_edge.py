@@ -41,7 +41,7 @@ def test_a_landed_load_back_stays_pinned_until_released(name, pressure):
     pin = c.lock(m.device_node)
     lb = c.load_back(m)
     assert lb.started and lb.lock is not None
-    while f"load:{lb.load_id}" not in c.step().completed:
+    while not c.step().loaded(lb.load_id):
         pass
     # another request is served first, and wants everything it can get
     if pressure == "evict":

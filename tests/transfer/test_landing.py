@@ -10,6 +10,7 @@ from hicache_jax.layout import groups as layer_groups
 from hicache_jax.plan import make_plan
 from hicache_jax.transfer import Landing, TransferEngine, host_compute_violations
 from hicache_jax.transfer.blocks import _largest_block
+from hicache_jax.transfer.moves import EarlyCopy, Piece, Pieces, WholeBlock
 
 from conftest import CONFIGS, tp_mesh
 
@@ -121,8 +122,8 @@ def test_the_deferred_block_is_the_largest_of_a_landing_size_wherever_it_is():
     """Across chunks, and whole chunks against whole-block pieces: the largest of the allowed
     sizes wins, the first of equal ones; slices and device copies never."""
     rows = lambda n: (np.zeros((n, 1), np.uint8),)
-    moves = [("pieces", [(rows(1), 0, 0, 0), (rows(4), 1, 1, 1), (rows(2), 0, 1, 3)]),   # 1 whole, 1 slice, 2 whole
-             ("block", rows(8)), ("pieces", [(rows(2), 0, 1, 0)]), ("rows", rows(16))]   # "rows": a device copy
+    moves = [Pieces((Piece(rows(1), 0, 0, 0), Piece(rows(4), 1, 1, 1), Piece(rows(2), 0, 1, 3))),  # whole, slice, whole
+             WholeBlock(rows(8)), Pieces((Piece(rows(2), 0, 1, 0),)), EarlyCopy(rows(16))]         # a device copy
     assert _largest_block(moves, (1, 2, 4, 8, 16)) == (1, None)
     assert _largest_block(moves, (1, 2, 4)) == (0, 2)
     assert _largest_block(moves, (1,)) == (0, 0)
