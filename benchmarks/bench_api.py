@@ -124,16 +124,19 @@ def make_cache(config: str, max_pages: int, layer_groups: int = 1, spare: int = 
     loads early from `early_copy_bytes` (None: the engine's default)."""
     layout = package.build_layout(package.load_model_config(ROOT / "configs" / f"{config}.json"))
     window = layout.window_pages() if layout.swa_pool else 0
-    cfg = package.HiCacheConfig(device_pages=max_pages + 2 + spare,
-                                swa_device_pages=window + 2 + spare if window else None,
-                                host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
-                                write_policy="write_back", load_back_threshold=1, host_memory_limit_bytes=1 << 40,
-                                layer_groups=layer_groups)
-    engine = None if kernels == "auto" and early_copy_bytes is None else package.TransferEngine(
+    sizes = dict(device_pages=max_pages + 2 + spare, swa_device_pages=window + 2 + spare if window else None,
+                 host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
+                 write_policy="write_back", load_back_threshold=1)
+    early = {} if early_copy_bytes is None else {"early_copy_bytes": early_copy_bytes}
+    if hasattr(package, "TransferConfig"):      # this tree: the transfer settings are a section
+        transfer = package.TransferConfig(host_memory_limit_bytes=1 << 40, layer_groups=layer_groups,
+                                          kernels=kernels, **early)
+        return package.HiCache(layout, package.HiCacheConfig(**sizes, transfer=transfer))
+    # an earlier revision (api_ab.py's base): flat fields; kernels and early copies through its engine
+    cfg = package.HiCacheConfig(**sizes, host_memory_limit_bytes=1 << 40, layer_groups=layer_groups)
+    engine = None if kernels == "auto" and not early else package.TransferEngine(
         layout, *cfg.page_counts(layout), max_staging_bytes=cfg.max_staging_bytes,
-        host_memory_limit_bytes=cfg.host_limit_bytes(), layer_groups=layer_groups,
-        landing_buckets=cfg.landing_buckets, kernels=kernels,
-        **({} if early_copy_bytes is None else {"early_copy_bytes": early_copy_bytes}))
+        host_memory_limit_bytes=cfg.host_limit_bytes(), layer_groups=layer_groups, kernels=kernels, **early)
     return package.HiCache(layout, cfg, engine=engine)
 
 

@@ -153,7 +153,8 @@ class Bench:
         cfg = hc.HiCacheConfig(device_pages=kv + args.read_pages + 2,
                                swa_device_pages=swa + self.window + 2 if self.window else None,
                                host_pages={"kv": kv + 2, **({"swa": swa + 2} if self.window else {})},
-                               write_policy="write_through", host_memory_limit_bytes=1 << 40)
+                               write_policy="write_through",
+                               transfer=hc.TransferConfig(host_memory_limit_bytes=1 << 40))
         t = clock()
         self.cache = cache = hc.HiCache(layout, cfg)
         self.setup_s = {"cache": clock() - t}

@@ -193,6 +193,7 @@ def child_engine(strategy, gib) -> dict:
 
     import hicache_jax as hc
     from hicache_jax.pools import Devices, HostRowFormat
+    from hicache_jax.config import TransferConfig
     from hicache_jax.transfer import TransferEngine
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / "deepseek_v4_flash.json"))
     devices = Devices.create(None)
@@ -202,7 +203,8 @@ def child_engine(strategy, gib) -> dict:
     gc.collect()
     rss0 = rss_bytes()
     t0 = time.perf_counter()
-    engine = TransferEngine(layout, {"kv": 16, "swa": 4}, host_pages, host_memory_limit_bytes=1 << 50)
+    engine = TransferEngine(layout, {"kv": 16, "swa": 4}, host_pages,
+                            config=TransferConfig(host_memory_limit_bytes=1 << 50))
     t1 = time.perf_counter()
     pools = engine.init_device_pools()
     step = jax.jit(lambda p: sum(jnp.sum(x[:, :1].astype(jnp.float32)) for x in p.values()))

@@ -33,6 +33,7 @@ import pallas_kernels as pk  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 from hicache_jax.config import model_config_from_dict  # noqa: E402
 from hicache_jax.plan import make_plan  # noqa: E402
+from hicache_jax.config import TransferConfig  # noqa: E402
 from hicache_jax.transfer import TransferEngine, hlo_host_ops  # noqa: E402
 from hicache_jax.transfer.host_check import HLO_HOST_OK  # noqa: E402
 from transfer_common import Bench, Contiguous, gbps, median_s, per_page, random_pools, run_pair  # noqa: E402
@@ -102,7 +103,8 @@ def v4_section(bench: Bench, cfg_path: str, kv_pages, swa_pages, kv_max: int, sw
     dev_total = {"kv": 2 * kv_max, "swa": 2 * swa_max}
     host_total = {"kv": kv_max + 64, "swa": swa_max + 16}
     t = time.perf_counter()
-    engine = TransferEngine(layout, dev_total, host_total, block_bytes=bench.block_bytes, kernels=bench.kernels)
+    engine = TransferEngine(layout, dev_total, host_total,
+                            config=TransferConfig(block_bytes=bench.block_bytes, kernels=bench.kernels))
     bench.results["v4_engine_init_s"] = time.perf_counter() - t
     pools = random_pools(engine, 0)
     t = time.perf_counter()
@@ -250,8 +252,8 @@ def hlo_report(bench: Bench, engine: TransferEngine, name: str):
 def gqa_section(bench: Bench, cfg: dict, pages, max_pages: int, mesh=None, name="gqa"):
     layout = hc.build_layout(model_config_from_dict(cfg))
     dev_total, host_total = {"kv": 2 * max_pages}, {"kv": max_pages + 8}
-    engine = TransferEngine(layout, dev_total, host_total, mesh=mesh, block_bytes=bench.block_bytes,
-                            kernels=bench.kernels)
+    engine = TransferEngine(layout, dev_total, host_total, mesh=mesh,
+                            config=TransferConfig(block_bytes=bench.block_bytes, kernels=bench.kernels))
     pools = random_pools(engine, 3)
     pools = sweep(bench, name, engine, pools, layout, "kv", pages, dev_total, host_total, mesh=mesh)
     hlo_report(bench, engine, name)
@@ -262,8 +264,8 @@ def v4_mesh_section(bench: Bench, cfg_path: str, mesh, n: int):
     """Replicated pools on a mesh: one host copy on the first device, loads broadcast to every rank."""
     layout = hc.build_layout(hc.load_model_config(cfg_path))
     dev_total, host_total = {"kv": 2 * n, "swa": 8}, {"kv": n + 8, "swa": 8}
-    engine = TransferEngine(layout, dev_total, host_total, mesh=mesh, block_bytes=bench.block_bytes,
-                            kernels=bench.kernels)
+    engine = TransferEngine(layout, dev_total, host_total, mesh=mesh,
+                            config=TransferConfig(block_bytes=bench.block_bytes, kernels=bench.kernels))
     pools = random_pools(engine, 5)
     rng = np.random.default_rng(3)
     ref = Contiguous((n * layout.page_bytes_of("kv"),), *first_device())  # the one host copy: GPU 0's link

@@ -84,14 +84,14 @@ def check_memory(ap: argparse.ArgumentParser, layout: hc.PoolLayout, config: hc.
     gib = lambda n: f"{n / 2**30:,.2f} GiB"
     device_bytes = sum(layout.page_bytes_of(a) * n for a, n in device.items() if layout.moving_with(a))
     devices = Devices.create(None)
-    host_bytes = sum(HostRowFormat.create(layout, a, devices, config.layer_groups).stored_row_bytes * n
+    host_bytes = sum(HostRowFormat.create(layout, a, devices, config.transfer.layer_groups).stored_row_bytes * n
                      for a, n in host.items() if layout.moving_with(a))
     ram = available_memory_bytes()
     limit, where = device_memory_bytes()
     if device_bytes > limit:
         ap.error(f"{flags['device']}: the device pools need {gib(device_bytes)}, more than {where} ({gib(limit)})")
     try:
-        host_limit = config.host_limit_bytes()
+        host_limit = config.transfer.host_limit_bytes()
     except ValueError as e:     # a malformed XLA_PJRT_GPU_HOST_MEMORY_LIMIT_GB
         ap.error(str(e))
     if host_bytes > host_limit:

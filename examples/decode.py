@@ -174,7 +174,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         config = cache_config(args)
     except ValueError as e:
-        flag, value = ("--storage", args.storage) if "storage" in str(e) else ("--config", args.config)
+        flag, value = ("--storage", args.storage) if "StorageConfig" in str(e) else ("--config", args.config)
         ap.error(f"{flag} {value}: {e}")
     cli.check_memory(ap, args.layout, config, {"device": f"--device-pages {args.device_pages}",
                                                 "host": f"--host-pages {args.host_pages}"})
@@ -250,11 +250,11 @@ def cache_config(args) -> hc.HiCacheConfig:
     # the weights are random, seeded: the seed names them in storage keys
     return hc.HiCacheConfig(device_pages=args.device_pages, host_pages=args.host_pages,
                             write_policy=args.write_policy, check_invariants=args.check,
-                            layer_groups=args.layer_groups if args.overlap else 1,
-                            landing_buckets=LANDING_BUCKETS,
-                            storage=args.storage, storage_prefetch_policy=args.prefetch_policy,
-                            storage_connect_retry_s=args.storage_retry_s,
-                            storage_model_id=f"{args.layout.model.name}/tiny-seed{args.seed}")
+                            transfer=hc.TransferConfig(layer_groups=args.layer_groups if args.overlap else 1,
+                                                       landing_buckets=LANDING_BUCKETS),
+                            storage=hc.StorageConfig(url=args.storage, prefetch_policy=args.prefetch_policy,
+                                                     connect_retry_s=args.storage_retry_s,
+                                                     model_id=f"{args.layout.model.name}/tiny-seed{args.seed}"))
 
 
 def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[Outcome]) -> dict:

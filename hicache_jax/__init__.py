@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import importlib
 
-from hicache_jax.config import HiCacheConfig, ModelConfig, WritePolicyName, load_model_config
+from hicache_jax.config import (HiCacheConfig, ModelConfig, PrefetchPolicy, StorageConfig, StorageWritePolicy,
+                                TransferConfig, WritePolicyName, load_model_config)
 from hicache_jax.layout import PoolLayout, PoolSpec, build_layout
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
 from hicache_jax.plan import Direction
@@ -33,5 +34,6 @@ def __getattr__(name: str):
 
 
 __all__ = ["DEFAULT_WINDOW_POLICY", "Direction", "EvictResult", "HiCacheConfig", "InsertResult", "LoadBack", "LockId",
-           "MatchResult", "ModelConfig", "PoolLayout", "PoolSpec", "Prefix", "Refusal", "StepReport", "TransferId", "WindowPolicy",
+           "MatchResult", "ModelConfig", "PoolLayout", "PoolSpec", "Prefix", "PrefetchPolicy", "Refusal", "StepReport",
+           "StorageConfig", "StorageWritePolicy", "TransferConfig", "TransferId", "WindowPolicy",
            "WritePolicyName", "__version__", "build_layout", "load_model_config", *_LAZY]

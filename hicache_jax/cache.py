@@ -65,30 +65,27 @@ class HiCache:
                              write_threshold=config.write_through_threshold,
                              load_back_threshold=config.load_back_threshold,
                              load_cost=LoadCost(config.recompute_seconds_per_token, config.link_bytes_per_second),
-                             prefetch_share=config.storage_prefetch_share)
+                             prefetch_share=config.storage.prefetch_share)
         self.engine = engine if engine is not None else TransferEngine(
-            layout, device, host, mesh, max_staging_bytes=config.max_staging_bytes,
-            host_memory_limit_bytes=config.host_limit_bytes(), layer_groups=config.layer_groups,
-            landing_buckets=config.landing_buckets)
+            layout, device, host, mesh, config.transfer)
         self._pools = self.engine.init_device_pools()
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         # On NVIDIA GPUs a step that lands a load stored in several layer groups computed other
         # logits than the same step with no landing, though every landed byte was right
         # (README, "Limits"): there, deferred loads of a grouped host tier move as blocking ones.
-        self._defer = config.layer_groups == 1 or self.engine.devices.device.platform != "gpu"
+        self._defer = config.transfer.layer_groups == 1 or self.engine.devices.device.platform != "gpu"
         if not self._defer:
             log.warning("layer_groups=%d on a GPU: deferred load-backs move as blocking ones here "
                         "(a step landing grouped parts is not bit-identical on this backend yet)",
-                        config.layer_groups)
+                        config.transfer.layer_groups)
         self.tally = Tally()
-        self._flights = Flights(layout, self.core, self.engine, self.tally, clock, config.transfer_timeout_s,
+        self._flights = Flights(layout, self.core, self.engine, self.tally, clock, config.transfer.timeout_s,
                                 on_acked=self._acked, pools=lambda: self._pools,
                                 set_pools=self.set_device_pools)
         self._requested_tokens = 0
         self._storage = None
-        if storage is not None or config.storage is not None:
-            backend = storage if storage is not None else open_store(config.storage, config.storage_call_timeout_s,
-                                                                      config.storage_connect_retry_s)
+        if storage is not None or config.storage.enabled:
+            backend = storage if storage is not None else open_store(config.storage)
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
             self._storage = StorageLink(layout, config, self.core, self.engine, backend, tp)
         self.registry = CollectorRegistry(auto_describe=True)
@@ -208,7 +205,7 @@ class HiCache:
         fetched = (0, 0)              # pages just prefetched from storage: [first, end)
         if load_back and self._storage is not None:
             tid = self._storage.prefetch(tokens)
-            got = None if tid is None else self._storage.finish(tid, self.config.prefetch_wait_s(len(tokens)))
+            got = None if tid is None else self._storage.finish(tid, self.config.storage.prefetch_wait_s(len(tokens)))
             if got is not None and got[1] > got[0]:
                 fetched = got
                 m = self._checked(self.core.match_prefix(tokens))
@@ -332,7 +329,7 @@ class HiCache:
     def step(self) -> StepReport:
         """Dispatch this step's backups (paced: `backup_bytes_per_step`); apply every completed transfer."""
         tokens = self._dispatch_backups() or 0
-        self._flights.pump(self.config.backup_bytes_per_step)
+        self._flights.pump(self.config.transfer.backup_bytes_per_step)
         completed, failed = [], []
         for tid in self._flights.ids():
             ok = self._flights.complete(tid, blocking=False)
@@ -374,7 +371,7 @@ class HiCache:
     def _dispatch_backups(self) -> int | None:
         """Start queued backups: their tokens (0 if it failed to start); None if none was queued."""
         # a queued demotion's device pages are free already: its batch goes whole, now
-        pieces = None if self.core.needs_flush else self.config.backup_bytes_per_step
+        pieces = None if self.core.needs_flush else self.config.transfer.backup_bytes_per_step
         if (batch := self.core.take_backup_batch()) is None:
             return None
         return batch.tokens if self._start(batch.transfer, batch.plan, piece_bytes=pieces) else 0

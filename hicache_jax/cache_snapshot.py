@@ -42,7 +42,7 @@ def save(cache, directory: str | os.PathLike[str], overwrite: bool = False) -> i
         nodes.append(entry)
     buffers = {f"rows/{a}": np.concatenate(parts) for a, parts in rows.items()}
     buffers["tokens"] = np.concatenate(tokens) if tokens else np.zeros(0, np.int32)
-    meta = {"fingerprint": layout_fingerprint(cache.layout, cache.config.storage_model_id), "nodes": nodes}
+    meta = {"fingerprint": layout_fingerprint(cache.layout, cache.config.storage.model_id), "nodes": nodes}
     save_snapshot(directory, buffers, meta, overwrite=overwrite)
     return len(nodes)
 
@@ -54,7 +54,7 @@ def restore(cache, directory: str | os.PathLike[str]) -> int:
     if core.tree.num_nodes:
         raise ValueError("restore_snapshot needs an empty cache (this one already holds prefixes)")
     snap = load_snapshot(directory)
-    want = layout_fingerprint(cache.layout, cache.config.storage_model_id)
+    want = layout_fingerprint(cache.layout, cache.config.storage.model_id)
     if snap.metadata.get("fingerprint") != want:
         raise ValueError(f"snapshot {os.fspath(directory)} is of another layout or model "
                          f"(fingerprint {snap.metadata.get('fingerprint')}, this cache {want})")

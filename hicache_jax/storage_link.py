@@ -21,10 +21,10 @@ import time
 import jax.numpy as jnp
 import numpy as np
 
-from hicache_jax.config import HiCacheConfig
+from hicache_jax.config import HiCacheConfig, StorageConfig, StorageWritePolicy
 from hicache_jax.layout import PoolLayout
-from hicache_jax.storage import (GetResult, MissReason, StorageBackend, StorageConfig, StorageOp, StorageStats,
-                                 StorageTier, open_backend)
+from hicache_jax.storage import (GetResult, MissReason, StorageBackend, StorageOp, StorageStats, StorageTier,
+                                 open_backend)
 from hicache_jax.transfer import TransferEngine
 from hicache_jax.tree import HostCopy, NodeId, PrefetchJob, TransferId, TreeCore, as_tokens
 from hicache_jax.tree.match import cap_tokens
@@ -52,14 +52,15 @@ class UnreachableBackend:
         return None
 
 
-def open_store(url: str, timeout_s: float, retry_s: float = 0.0) -> StorageBackend:
-    """The backend `url` names. A store that cannot be reached is tried again for `retry_s`
-    seconds (0: once), then stands in as unreachable; `StorageLink` says so in one log line
-    (a malformed URL raises ValueError)."""
-    deadline = time.monotonic() + retry_s
+def open_store(config: StorageConfig) -> StorageBackend:
+    """The backend `config.url` names. A store that cannot be reached is tried again for
+    `connect_retry_s` seconds (0: once), then stands in as unreachable; `StorageLink` says so
+    in one log line (a malformed URL raises ValueError)."""
+    url = config.url
+    deadline = time.monotonic() + config.connect_retry_s
     while True:
         try:
-            return open_backend(url, timeout_s)
+            return open_backend(url, config.call_timeout_s)
         except ValueError:
             raise
         except Exception as e:           # down, refused, missing library: serve without L3
@@ -79,16 +80,14 @@ class _Prefetch:
 class StorageLink:
     def __init__(self, layout: PoolLayout, config: HiCacheConfig, core: TreeCore, engine: TransferEngine,
                  backend: StorageBackend, tp: int):
-        self._layout, self._config, self._core, self._engine = layout, config, core, engine
-        self.tier = StorageTier(layout, backend, StorageConfig(config.storage_call_timeout_s,
-                                                               config.storage_retry_after_s,
-                                                               model_id=config.storage_model_id), tp=tp)
+        self._layout, self._config, self._core, self._engine = layout, config.storage, core, engine
+        self.tier = StorageTier(layout, backend, config.storage, tp=tp)
         if isinstance(backend, UnreachableBackend):   # the one log line; later probes fail quietly
             self.tier.guard.failed("open", MissReason.ERROR, f"{backend.name[12:]} could not be opened: {backend.error}")
         self._prefetches: dict[TransferId, _Prefetch] = {}
         self._writes: list[StorageOp] = []
         self._page = layout.page_size
-        if config.storage_write_policy == "write_back":
+        if self._config.write_policy is StorageWritePolicy.WRITE_BACK:
             core.on_host_evict(self.write)
 
     # -- up: storage -> host --------------------------------------------------------------
@@ -123,7 +122,7 @@ class StorageLink:
         the call timeout): attach what arrived. Returns the attached pages (first, end), or
         None while it is still in flight."""
         p = self._prefetches[tid]
-        limit = self._config.storage_call_timeout_s if wait_s is None else wait_s
+        limit = self._config.call_timeout_s if wait_s is None else wait_s
         if not all(op.wait(limit) if limit else op.done() for op in p.reads.values()):
             return None
         del self._prefetches[tid]
@@ -145,7 +144,7 @@ class StorageLink:
     # -- down: host -> storage --------------------------------------------------------------
     def written(self, nodes: list[NodeId]) -> None:
         """Backups of `nodes` were acknowledged: under write-through, store their host copies."""
-        if self._config.storage_write_policy == "write_through":
+        if self._config.write_policy is StorageWritePolicy.WRITE_THROUGH:
             for node in nodes:
                 copy = self._core.host_copy(node)
                 if copy is not None:
@@ -172,7 +171,7 @@ class StorageLink:
             if self.finish(tid, wait_s=None) is None:
                 self._core.finish_prefetch(self._prefetches.pop(tid).job.prefetch_id, 0)
         for op in self._writes:
-            op.wait(self._config.storage_call_timeout_s)
+            op.wait(self._config.call_timeout_s)
         self._writes = [op for op in self._writes if not op.done()]
 
     def stats(self) -> StorageStats:

@@ -21,8 +21,8 @@ import json
 import sys
 import time
 
-from hicache_jax.config import PREFETCH_POLICIES, STORAGE_WRITE_POLICIES, HiCacheConfig, WritePolicyName, \
-    load_model_config
+from hicache_jax.config import (HiCacheConfig, PrefetchPolicy, StorageConfig, StorageWritePolicy, WritePolicyName,
+                                load_model_config)
 from hicache_jax.layout import build_layout
 from hicache_jax.sim.config import ROUTES, Rates, SimConfig
 from hicache_jax.sim.fleet import check_fits, simulate
@@ -62,10 +62,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--write-policy", default="write_through", choices=[p.value for p in WritePolicyName],
                     help="when device pages are backed up to the host tier")
     ap.add_argument("--load-back-threshold", type=int, default=10, help="smallest host hit loaded back, in tokens")
-    ap.add_argument("--storage-write-policy", default="write_through", choices=STORAGE_WRITE_POLICIES,
+    ap.add_argument("--storage-write-policy", default="write_through", choices=[p.value for p in StorageWritePolicy],
                     help="store host copies when their backup lands, or when the host tier evicts them")
-    ap.add_argument("--prefetch-policy", default="timeout", choices=PREFETCH_POLICIES,
-                    help="how long a request waits for pages being read from storage (HiCacheConfig's timeouts)")
+    ap.add_argument("--prefetch-policy", default="timeout", choices=[p.value for p in PrefetchPolicy],
+                    help="how long a request waits for pages being read from storage (StorageConfig's timeouts)")
     ap.add_argument("--prefill-tokens-per-s", type=float, default=Rates.prefill_tokens_per_s,
                     help="prefill rate of one instance (an assumption: measure your model)")
     ap.add_argument("--host-link-gbps", type=float, default=Rates.host_link_bytes_per_s / 1e9,
@@ -135,8 +135,8 @@ def build(args, ap: argparse.ArgumentParser, layout, requests) -> Plan:
                               swa_device_pages=pages["device"].get(layout.swa_pool.name) if layout.swa_pool else None,
                               host_pages=pages["host"], write_policy=args.write_policy,
                               load_back_threshold=args.load_back_threshold,
-                              storage_write_policy=args.storage_write_policy,
-                              storage_prefetch_policy=args.prefetch_policy)
+                              storage=StorageConfig(write_policy=args.storage_write_policy,
+                                                    prefetch_policy=args.prefetch_policy))
     except ValueError as e:
         ap.error(f"tier sizes (--device-tokens {args.device}, --host-tokens {args.host}): {e}")
     config = SimConfig(cache, args.instances, args.route, args.load_bound, pages.get("storage"), policy, rates,

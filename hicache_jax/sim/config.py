@@ -69,9 +69,9 @@ class SimConfig:
     def __post_init__(self):
         if not isinstance(self.cache, HiCacheConfig):
             raise ValueError(f"SimConfig.cache must be a HiCacheConfig, got {type(self.cache).__name__}")
-        if self.cache.storage is not None:
-            raise ValueError(f"SimConfig.cache.storage must be None (the simulated store is SimConfig.storage_pages), "
-                             f"got {self.cache.storage!r}")
+        if self.cache.storage.url is not None:
+            raise ValueError(f"SimConfig.cache.storage.url must be None (the simulated store is "
+                             f"SimConfig.storage_pages), got {self.cache.storage.url!r}")
         validate.count("SimConfig.instances", self.instances, minimum=1)
         validate.count("SimConfig.load_bound", self.load_bound)
         validate.count("SimConfig.seed", self.seed)

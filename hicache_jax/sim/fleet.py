@@ -71,7 +71,7 @@ class _Run:
     def __init__(self, layout: PoolLayout, config: SimConfig, total: int,
                  progress: Callable[[int, int], None] | None):
         self.config, self.total, self.progress = config, total, progress
-        self.store = SharedStore(layout, config.storage_pages, config.cache.storage_model_id) \
+        self.store = SharedStore(layout, config.storage_pages, config.cache.storage.model_id) \
             if config.has_storage else None
         self.fleet = [Instance(i, layout, config, self.store) for i in range(config.instances)]
         self.router = Router(config.route, config.instances, config.load_bound, config.seed)

@@ -97,7 +97,7 @@ class Instance:
                              write_threshold=cache.write_through_threshold,
                              load_back_threshold=cache.load_back_threshold,
                              load_cost=LoadCost(cache.recompute_seconds_per_token, cache.link_bytes_per_second),
-                             prefetch_share=cache.storage_prefetch_share)
+                             prefetch_share=cache.storage.prefetch_share)
         self.transfers = Transfers(layout, self.core, cache, config.rates, store)
         self._store = store
         self._page = layout.page_size

@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from hicache_jax.config import HiCacheConfig
+from hicache_jax.config import HiCacheConfig, StorageWritePolicy
 from hicache_jax.layout import PoolLayout
 from hicache_jax.sim.config import Rates
 from hicache_jax.sim.links import Link
@@ -57,7 +57,7 @@ class Transfers:
         self.wakeups: list[float] = []               # landing times not yet handed to the fleet's clock
         self.now = 0.0                               # the time of the call in progress (for the eviction hook)
         self.prefetched_pages = 0                    # pages attached from storage
-        if store is not None and cache.storage_write_policy == "write_back":
+        if store is not None and cache.storage.write_policy is StorageWritePolicy.WRITE_BACK:
             core.on_host_evict(lambda copy: self.store_copy(copy, self.now))
 
     # -- device <-> host --------------------------------------------------------------------
@@ -101,7 +101,7 @@ class Transfers:
     def _ack(self, ack: AckId, now: float) -> None:
         del self._backups[ack]
         nodes = self._core.ack_backup(ack)
-        if self._store is not None and self._cache.storage_write_policy == "write_through":
+        if self._store is not None and self._cache.storage.write_policy is StorageWritePolicy.WRITE_THROUGH:
             for node in nodes:
                 copy = self._core.host_copy(node)
                 if copy is not None:
@@ -165,9 +165,9 @@ class Transfers:
         if window_short:                         # the stop's window is incomplete
             served = min(served, job.pages - 1)
         p = _Prefetch(job, self.links["storage_to_host"].transfer(now, nbytes), served)
-        wait = self._cache.prefetch_wait_s(len(tokens))
+        wait = self._cache.storage.prefetch_wait_s(len(tokens))
         if wait is None:                         # wait_complete: up to the call timeout
-            wait = self._cache.storage_call_timeout_s
+            wait = self._cache.storage.call_timeout_s
         if p.done_at <= now + wait:
             return max(now, p.done_at), self._attach(p)
         self._prefetches.append(p)               # lands at a later step

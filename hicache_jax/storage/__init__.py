@@ -16,7 +16,8 @@ from hicache_jax.storage.memory_backend import MemoryBackend
 from hicache_jax.storage.objects import CORRUPT, HEADER_BYTES, MissReason
 from hicache_jax.storage.rows import RowLayout, Segment
 from hicache_jax.storage.stats import PoolStorageStats, StorageStats, metric_families
-from hicache_jax.storage.tier import GetResult, PutResult, StorageConfig, StorageTier
+from hicache_jax.config import StorageConfig
+from hicache_jax.storage.tier import GetResult, PutResult, StorageTier
 
 # name -> module that defines it; imported on first access (engines, orbax + jax).
 _LAZY: dict[str, str] = {

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from hicache_jax.config import StorageConfig
 from hicache_jax.layout import PoolLayout
 from hicache_jax.storage.backend import MAX_BATCH_PAGES, StorageBackend, as_bytes
 from hicache_jax.storage.guard import Guard, StorageOp
@@ -35,24 +36,6 @@ from hicache_jax.storage.rows import RowLayout, byte_allocators
 from hicache_jax.storage.stats import StorageCounters, StorageStats
 
 FIRST_BATCH_PAGES = 8   # pages of a lookup's first `exists` call
-
-
-@dataclasses.dataclass(frozen=True)
-class StorageConfig:
-    """How the tier talks to its backend. `model_id` names the weights (it goes in every key)."""
-
-    call_timeout_s: float = 5.0   # the longest the serving loop waits on one lookup
-    retry_after_s: float = 10.0   # after a failure, L3 is skipped this long, then probed again
-    io_threads: int = 2
-    model_id: str = ""
-
-    def __post_init__(self):
-        for field in ("call_timeout_s", "retry_after_s"):
-            value = getattr(self, field)
-            if not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"StorageConfig.{field} must be a number > 0, got {value!r}")
-        if not isinstance(self.io_threads, int) or self.io_threads < 1:
-            raise ValueError(f"StorageConfig.io_threads must be an int >= 1, got {self.io_threads!r}")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -27,16 +27,14 @@ from hicache_jax.transfer.moves import EarlyCopy, Move, Piece, Pieces, WholeBloc
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
-# A one-block load chunk this large starts its copy before the checks. On the H200 a 12-16 MiB
-# block gained 0.15-0.22 ms from it (16 V4-Flash / 32 V4.1-Flash pages), while an 8 MB one
-# (a V4-Flash SWA page) lost 0.13-0.16 ms: the copy program's call outweighs the overlap.
-# Copying a load's smaller blocks together (one program, started before the tree plans) lost
-# too: 0.09-0.22 ms at one page, 0.10 ms for 16 V4.1-Flash pages (6.7 + 6.0 MB).
-EARLY_COPY_BYTES = 12 << 20
-# A deferred load leaves one whole anchor block to the model's step when its rows are one of
-# the LANDING_BUCKETS largest powers of two of a chunk: the step compiles once per size, at
-# warm-up (`TransferEngine.landing_examples`), never while serving.
-DEFAULT_LANDING_BUCKETS = 3
+# `TransferConfig.early_copy_bytes` (12 MiB): a one-block load chunk this large starts its copy
+# before the checks. On the H200 a 12-16 MiB block gained 0.15-0.22 ms from it (16 V4-Flash /
+# 32 V4.1-Flash pages), while an 8 MB one (a V4-Flash SWA page) lost 0.13-0.16 ms: the copy
+# program's call outweighs the overlap. Copying a load's smaller blocks together (one program,
+# started before the tree plans) lost too: 0.09-0.22 ms at one page, 0.10 ms for 16 V4.1-Flash
+# pages (6.7 + 6.0 MB). `TransferConfig.landing_buckets` (3): a deferred load leaves one whole
+# anchor block to the model's step when its rows are one of that many largest powers of two
+# of a chunk; the step compiles once per size, at warm-up (`TransferEngine.landing_examples`).
 
 
 class HostBlocks:

@@ -32,14 +32,14 @@ import numpy as np
 from pallas_kernels import PAD
 
 from hicache_jax import validate
-from hicache_jax.config import xla_pinned_limit_bytes
+from hicache_jax.config import TransferConfig
 from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
 from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer import chunks as chunking, warm
-from hicache_jax.transfer.blocks import DEFAULT_LANDING_BUCKETS, EARLY_COPY_BYTES, HostBlocks
+from hicache_jax.transfer.blocks import HostBlocks
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock
@@ -50,7 +50,6 @@ from hicache_jax.transfer.whole import WholePlans
 
 log = logging.getLogger("hicache_jax.transfer")
 
-DEFAULT_MAX_STAGING_BYTES = 512 << 20
 MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
 
 
@@ -66,60 +65,55 @@ class TransferEngine:
     piece's rows) are kept on the device once used, or all of them from `warmup`
     (`resident.py`): at most one small buffer per device page.
 
-    `kernels` picks the pack/unpack implementation, any name of `pallas_kernels.IMPLS`:
-    "mosaic_gpu", "tpu", "triton", "reference" (plain jnp), a backend interpreted on the
-    CPU ("mosaic_gpu_interpret", ...), or "auto": Mosaic GPU on NVIDIA GPUs (compute
-    capability >= 9.0), Pallas TPU on TPUs, the reference elsewhere (logged once). A
-    layout whose pages the chosen kernels cannot move raises ValueError here; under
-    "auto" it falls back to the reference. `block_bytes` caps one copy (default: the
-    backend's). A load batch that is one host block of at least `early_copy_bytes` starts its
-    copy (a program of its own) before the plan is checked, so the copy engine works while
-    the checks and the dispatch run; it holds a device copy of the block until unpacked.
-    A deferred load leaves at most one whole host block of the anchor allocator to the model's
-    step, of one of `landing_buckets` sizes (the largest powers of two of a chunk,
-    `landing_sizes`): a step compiles once per size, at warm-up (`landing_examples`).
-    `host_memory_limit_bytes` caps the host tier (None, the default: the cap of XLA's pinned
-    pool, as `HiCacheConfig` defaults to); a larger tier raises ValueError before anything is pinned.
+    `config` (`TransferConfig`, defaults written there): `kernels` picks the pack/unpack
+    implementation, any name of `pallas_kernels.IMPLS`: "mosaic_gpu", "tpu", "triton",
+    "reference" (plain jnp), a backend interpreted on the CPU ("mosaic_gpu_interpret", ...),
+    or "auto": Mosaic GPU on NVIDIA GPUs (compute capability >= 9.0), Pallas TPU on TPUs,
+    the reference elsewhere (logged once). A layout whose pages the chosen kernels cannot
+    move raises ValueError here; under "auto" it falls back to the reference. `block_bytes`
+    caps one copy (default: the backend's). A load batch that is one host block of at least
+    `early_copy_bytes` starts its copy (a program of its own) before the plan is checked, so
+    the copy engine works while the checks and the dispatch run; it holds a device copy of
+    the block until unpacked. A deferred load leaves at most one whole host block of the
+    anchor allocator to the model's step, of one of `landing_buckets` sizes (the largest
+    powers of two of a chunk, `landing_sizes`): a step compiles once per size, at warm-up
+    (`landing_examples`). `host_memory_limit_bytes` caps the host tier (None: the cap of
+    XLA's pinned pool); a larger tier raises ValueError before anything is pinned.
     """
 
     def __init__(self, layout: PoolLayout, device_pages: Mapping[str, int], host_pages: Mapping[str, int],
-                 mesh: jax.sharding.Mesh | None = None, max_staging_bytes: int = DEFAULT_MAX_STAGING_BYTES,
-                 host_memory_limit_bytes: int | None = None, *, kernels: str = "auto",
-                 block_bytes: int | None = None, early_copy_bytes: int = EARLY_COPY_BYTES, layer_groups: int = 1,
-                 landing_buckets: int = DEFAULT_LANDING_BUCKETS):
-        self.layout = layout
-        self.layer_groups = groups.check_groups(layout, layer_groups)
+                 mesh: jax.sharding.Mesh | None = None, config: TransferConfig = TransferConfig()):
+        if not isinstance(config, TransferConfig):
+            raise ValueError(f"TransferEngine takes a TransferConfig, got {config!r}")
+        self.layout, self.config = layout, config
+        self.layer_groups = groups.check_groups(layout, config.layer_groups)
         self.devices = Devices.create(mesh)
         self._device = DevicePools(layout, device_pages, self.devices)
         host_counts = checked_page_counts(layout, host_pages, "host_pages")
-        self.kernels = resolve_kernels(kernels, self.devices.device, layout)
+        self.kernels = resolve_kernels(config.kernels, self.devices.device, layout)
         chunk_pages = {}
         for a in self._device.pages:  # before the host tier is allocated: fail fast
             row_bytes = HostRowFormat.create(layout, a, self.devices).rank_row_bytes
-            pages = _floor_pow2(max_staging_bytes // row_bytes)
+            pages = _floor_pow2(config.max_staging_bytes // row_bytes)
             if pages < 1:
-                raise ValueError(f"max_staging_bytes = {max_staging_bytes:,} is smaller than one page of allocator "
-                                 f"{a!r} ({row_bytes:,} B per device)")
+                raise ValueError(f"max_staging_bytes = {config.max_staging_bytes:,} is smaller than one page of "
+                                 f"allocator {a!r} ({row_bytes:,} B per device)")
             # no batch is larger than either tier, and a host copy never exceeds the host pool
             chunk_pages[a] = min(pages, MAX_CHUNK_PAGES, _floor_pow2(min(self._device.pages[a], host_counts[a])))
-        # None: the cap of XLA's pinned pool, as `HiCacheConfig.host_memory_limit_bytes` defaults to
-        limit = (xla_pinned_limit_bytes() if host_memory_limit_bytes is None
-                 else validate.count("host_memory_limit_bytes", host_memory_limit_bytes, minimum=1))
-        self.host = HostTier(layout, host_counts, self.devices, limit, layer_groups)
+        self.host = HostTier(layout, host_counts, self.devices, config.host_limit_bytes(), config.layer_groups)
         self._programs = {
             a: AllocatorPrograms(fmt, [self._device.shape(s) for s in fmt.pools], self.devices,
                                  functools.partial(self.host.block, a), self.host.sharding(a), chunk_pages[a],
-                                 self.kernels, block_bytes)
+                                 self.kernels, config.block_bytes)
             for a, fmt in self.host.formats.items()
         }
         self._plan_programs = PlanPrograms(self._programs)
         self._ints = ResidentIndices(None if mesh is not None else self.devices.device,
                                      max(self._device.pages.values(), default=0))
         anchor = self._programs.get(layout.anchor.name)
-        count = validate.count("landing_buckets", landing_buckets, minimum=1)
         self.landing_sizes = () if anchor is None or anchor.broadcast_load else tuple(
-            sorted({anchor.chunk_pages >> i for i in range(count)} - {0}))
-        self._blocks = HostBlocks(self.host, self._programs, self._ints, early_copy_bytes,
+            sorted({anchor.chunk_pages >> i for i in range(config.landing_buckets)} - {0}))
+        self._blocks = HostBlocks(self.host, self._programs, self._ints, config.early_copy_bytes,
                                   {layout.anchor.name: self.landing_sizes} if self.landing_sizes else {})
         self._whole = WholePlans(self._programs, self.host, layout.anchor.name, layout.window_pages(),
                                  mesh is not None)

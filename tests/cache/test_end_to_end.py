@@ -19,7 +19,8 @@ POLICIES = ["write_through", "write_through_selective", "write_back"]
 def test_deferred_loads_serve_the_same_bytes(name, groups, land):
     """Host hits loaded back deferred: a jitted step lands them group by group (or, never
     handed to a step, the cache does at `drain`); every served byte is what was written."""
-    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True, layer_groups=groups)
+    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True,
+                           transfer=hc.TransferConfig(layer_groups=groups))
     cache = hc.HiCache(layout(name), cfg)
     d = Driver(cache)
     rng = np.random.default_rng(groups)
@@ -39,7 +40,8 @@ def test_deferred_loads_serve_the_same_bytes(name, groups, land):
 
 
 def test_deferred_load_misuse_changes_nothing():
-    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True, layer_groups=2)
+    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True,
+                           transfer=hc.TransferConfig(layer_groups=2))
     cache = hc.HiCache(layout("tiny_v4"), cfg)
     d = Driver(cache)
     d.request([1, 2, 3])
@@ -71,7 +73,8 @@ def test_deferred_load_misuse_changes_nothing():
 def test_a_landing_the_cache_landed_first_is_accepted_from_the_step():
     """A deferred load that `drain` (or a short `alloc`) landed before the step: the step
     writes the same bytes again, and its `landed=` is a no-op."""
-    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True, layer_groups=3)
+    cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, check_invariants=True,
+                           transfer=hc.TransferConfig(layer_groups=3))
     cache = hc.HiCache(layout("tiny_v41"), cfg)
     d = Driver(cache)
     d.request([1, 2])

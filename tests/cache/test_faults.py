@@ -18,7 +18,7 @@ class Clock:
 
 def make(name="tiny_v4", policy="write_through", device=6, host=24, clock=None):
     cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
-                           transfer_timeout_s=5.0)
+                           transfer=hc.TransferConfig(timeout_s=5.0))
     cache, faulty = faulty_cache(layout(name), cfg, clock=clock or Clock())
     return cache, faulty, Driver(cache)
 

@@ -20,8 +20,8 @@ def page_of(c):
 def test_a_paced_batch_moves_a_piece_per_step_and_lands_exactly(name):
     lay = layout(name)
     budget = 2 * lay.page_bytes_of(lay.anchor.name)
-    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=12, host_pages=24, check_invariants=True,
-                                         load_back_threshold=1, backup_bytes_per_step=budget))
+    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=12, host_pages=24, check_invariants=True, load_back_threshold=1,
+                                         transfer=hc.TransferConfig(backup_bytes_per_step=budget)))
     d = Driver(c)
     blocks = list(range(7))
     d.request(blocks, swa_every=True)      # 7 pages inserted: their backup is queued
@@ -41,9 +41,8 @@ def test_a_paced_batch_moves_a_piece_per_step_and_lands_exactly(name):
 
 def test_drain_and_acquire_finish_a_paced_batch_at_once():
     lay = layout("tiny_v4")
-    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=12, host_pages=24, check_invariants=True,
-                                         load_back_threshold=1,
-                                         backup_bytes_per_step=lay.page_bytes_of("kv")))
+    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=12, host_pages=24, check_invariants=True, load_back_threshold=1,
+                                         transfer=hc.TransferConfig(backup_bytes_per_step=lay.page_bytes_of("kv"))))
     d = Driver(c)
     d.request([0, 1, 2, 3], swa_every=True)
     c.step()
@@ -60,7 +59,7 @@ def test_a_demotion_is_never_paced():
     lay = layout("tiny_v4")
     c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=8, host_pages=24, check_invariants=True,
                                          write_policy="write_back", load_back_threshold=1,
-                                         backup_bytes_per_step=1))
+                                         transfer=hc.TransferConfig(backup_bytes_per_step=1)))
     d = Driver(c)
     d.request([0, 1, 2, 3], swa_every=True)
     c.evict(10 ** 6, 10 ** 6)             # demotion: device pages free at once, its copy goes whole
@@ -86,14 +85,14 @@ def test_split_plan_cuts_within_the_budget_and_keeps_every_page():
     with pytest.raises(ValueError, match="max_bytes"):
         split_plan(plan, lay, 0)
     with pytest.raises(ValueError, match="backup_bytes_per_step"):
-        hc.HiCacheConfig(device_pages=4, backup_bytes_per_step=0)
+        hc.HiCacheConfig(device_pages=4, transfer=hc.TransferConfig(backup_bytes_per_step=0))
 
 
 def test_batches_in_flight_share_one_budget_per_step():
     lay = layout("tiny_gqa")
     page = lay.page_bytes_of("kv")
-    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=16, host_pages=32, check_invariants=True,
-                                         load_back_threshold=1, backup_bytes_per_step=2 * page))
+    c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=16, host_pages=32, check_invariants=True, load_back_threshold=1,
+                                         transfer=hc.TransferConfig(backup_bytes_per_step=2 * page)))
     sent = [0]                           # bytes dispatched, per step()
     real_start = c.engine.start
 

@@ -249,19 +249,42 @@ def test_misuse_is_a_clear_error_and_changes_nothing(served, call, match):
     (dict(host_ratio="2"), r"'host_ratio' must be a finite number, got '2'"),
     (dict(link_bytes_per_second=float("inf")), r"'link_bytes_per_second'.*inf"),
     (dict(recompute_seconds_per_token=float("nan")), r"'recompute_seconds_per_token'.*nan"),
-    (dict(transfer_timeout_s=float("inf")), r"'transfer_timeout_s'.*inf"),
-    (dict(transfer_timeout_s="30"), r"'transfer_timeout_s' must be a finite number, got '30'"),
+    (dict(transfer="fast"), r"'transfer' must be a TransferConfig"),
+    (dict(storage="file:///tmp/x"), r"'storage' must be a StorageConfig"),
     (dict(host_pages=8.0), r"'host_pages' must be an integer >= 0, got 8.0"),
     (dict(host_budget_bytes={"kv": 1e9, "swa": 1}), r"'host_budget_bytes\['kv'\]' must be an integer"),
-    (dict(max_staging_bytes=float("inf")), r"'max_staging_bytes' must be an integer"),
     (dict(write_policy=["write_back"]), r"'write_policy' must be one of"),
     (dict(check_invariants="yes"), r"'check_invariants' must be a bool"),
-    (dict(landing_buckets=0), r"'landing_buckets' must be an integer >= 1, got 0"),
-    (dict(landing_buckets=True), r"'landing_buckets' must be an integer"),
 ])
 def test_config_rejects_non_finite_and_non_numeric_values(kwargs, match):
     with pytest.raises(ValueError, match=match):
         hc.HiCacheConfig(device_pages=4, **kwargs)
+
+
+@pytest.mark.parametrize("section, kwargs, match", [
+    ("transfer", dict(timeout_s=float("inf")), r"TransferConfig field 'timeout_s'.*inf"),
+    ("transfer", dict(timeout_s="30"), r"'timeout_s' must be a finite number, got '30'"),
+    ("transfer", dict(max_staging_bytes=float("inf")), r"'max_staging_bytes' must be an integer"),
+    ("transfer", dict(landing_buckets=0), r"'landing_buckets' must be an integer >= 1, got 0"),
+    ("transfer", dict(landing_buckets=True), r"'landing_buckets' must be an integer"),
+    ("transfer", dict(kernels=None), r"'kernels' must be a kernel name"),
+    ("storage", dict(url="ftp://x"), r"StorageConfig field 'url'"),
+    ("storage", dict(write_policy="sometimes"), r"'write_policy' must be one of write_through, write_back"),
+    ("storage", dict(prefetch_share=1.5), r"'prefetch_share' must be in \(0, 1\]"),
+    ("storage", dict(io_threads=0), r"'io_threads' must be an integer >= 1"),
+])
+def test_config_sections_name_the_bad_field(section, kwargs, match):
+    kind = {"transfer": hc.TransferConfig, "storage": hc.StorageConfig}[section]
+    with pytest.raises(ValueError, match=match):
+        kind(**kwargs)
+
+
+def test_policies_given_as_strings_become_their_enums():
+    cfg = hc.HiCacheConfig(device_pages=4, write_policy="write_back",
+                           storage=hc.StorageConfig(write_policy="write_back", prefetch_policy="best_effort"))
+    assert cfg.write_policy is hc.WritePolicyName.WRITE_BACK
+    assert cfg.storage.write_policy is hc.StorageWritePolicy.WRITE_BACK
+    assert cfg.storage.prefetch_policy is hc.PrefetchPolicy.BEST_EFFORT and cfg.storage.prefetch_wait_s(10**6) == 0.0
 
 
 def test_constructor_arguments_are_checked():

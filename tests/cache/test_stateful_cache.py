@@ -33,8 +33,9 @@ class CacheMachine(RuleBasedStateMachine):
     def setup(self, name, policy, slow, device, host, first, paced, early, groups, deferred_blocks):
         pace = LAYOUTS[name].page_bytes_of(LAYOUTS[name].anchor.name) if paced else None  # a page a step
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
-                               load_back_threshold=1, backup_bytes_per_step=pace, layer_groups=groups,
-                               landing_buckets=deferred_blocks, **self.storage_config())
+                               load_back_threshold=1, storage=self.storage_config(),
+                               transfer=hc.TransferConfig(backup_bytes_per_step=pace, layer_groups=groups,
+                                                          landing_buckets=deferred_blocks))
         self.name, self.cfg, self.slow = name, cfg, {"backup", "load"} if slow else set()
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)
@@ -45,8 +46,8 @@ class CacheMachine(RuleBasedStateMachine):
         for blocks in first:            # some conversations to come back to
             self.request(blocks, swa_every=True, load=True, land=None)
 
-    def storage_config(self) -> dict:
-        return {}
+    def storage_config(self) -> hc.StorageConfig:
+        return hc.StorageConfig()
 
     def make_store(self):
         return None
@@ -143,8 +144,8 @@ class ThreeTierMachine(CacheMachine):
     cache (a restart builds a new one over the same store) and may fail, stall, or hand back
     damaged objects; whatever it serves is checked byte for byte like the rest."""
 
-    def storage_config(self) -> dict:
-        return dict(storage_prefetch_policy="wait_complete", storage_call_timeout_s=0.5, storage_retry_after_s=0.05)
+    def storage_config(self) -> hc.StorageConfig:
+        return hc.StorageConfig(prefetch_policy="wait_complete", call_timeout_s=0.5, retry_after_s=0.05)
 
     def make_store(self):
         return FaultyBackend(MemoryBackend())

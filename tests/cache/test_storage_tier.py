@@ -17,10 +17,11 @@ from hicache_jax.tree import Tier
 LAYOUTS = ["tiny_v4", "tiny_v41", "tiny_gqa"]
 
 
-def config(name, **kw):
-    base = dict(device_pages=6, host_pages=12, check_invariants=True, storage_prefetch_policy="wait_complete",
-                storage_model_id=name, storage_call_timeout_s=2.0, storage_retry_after_s=0.2)
-    return hc.HiCacheConfig(**{**base, **kw})
+def config(name, device_pages=6, host_pages=12, **storage):
+    """A cache config; `storage`: `StorageConfig` fields over this file's defaults."""
+    base = dict(prefetch_policy="wait_complete", model_id=name, call_timeout_s=2.0, retry_after_s=0.2)
+    return hc.HiCacheConfig(device_pages=device_pages, host_pages=host_pages, check_invariants=True,
+                            storage=hc.StorageConfig(**{**base, **storage}))
 
 
 def writer(name, store, prompts=([0, 1, 2], [0, 1, 3]), **kw):
@@ -60,7 +61,7 @@ def test_a_second_cache_serves_the_first_ones_prefixes_from_storage(name):
 
 def test_write_back_stores_a_page_only_when_the_host_evicts_it():
     store = MemoryBackend()
-    w = writer("tiny_v4", store, prompts=([0, 1],), storage_write_policy="write_back")
+    w = writer("tiny_v4", store, prompts=([0, 1],), write_policy="write_back")
     assert not store.objects                             # still on the host: not stored yet
     w.evict(10 ** 6, 10 ** 6)
     w.drain()
@@ -95,9 +96,9 @@ def test_a_page_missing_one_pool_is_absent():
 def test_another_model_id_or_layout_reads_nothing():
     store = MemoryBackend()
     writer("tiny_v4", store)
-    c, d = reader("tiny_v4", store, storage_model_id="other weights")
+    c, d = reader("tiny_v4", store, model_id="other weights")
     assert d.request([0, 1, 2]) == 0
-    g, dg = reader("tiny_gqa", store, storage_model_id="tiny_v4")
+    g, dg = reader("tiny_gqa", store, model_id="tiny_v4")
     assert dg.request([0, 1, 2]) == 0
 
 
@@ -123,7 +124,7 @@ def test_a_store_that_raises_degrades_to_host_only_serving():
     assert d.request([0, 1, 2]) == 0                     # served by recompute, no exception
     assert c.stats().storage.degraded and c.stats().storage.failures
     faulty.raise_on.clear()
-    time.sleep(0.3)                                     # past storage_retry_after_s: probed again
+    time.sleep(0.3)                                     # past retry_after_s: probed again
     assert d.request([0, 1, 3]) == 3 * P                 # [0, 1] from the device, [3] from storage
     assert c.stats().storage_hit_tokens == P
     empty_everything(c)
@@ -133,7 +134,7 @@ def test_a_stalled_store_never_hangs_the_loop():
     faulty = FaultyBackend(MemoryBackend())
     writer("tiny_v4", faulty)
     faulty.stall_on.add("get")
-    c, d = reader("tiny_v4", faulty, storage_call_timeout_s=0.3)
+    c, d = reader("tiny_v4", faulty, call_timeout_s=0.3)
     t = time.monotonic()
     assert d.request([0, 1, 2]) == 0                     # the read is still stalled: recomputed meanwhile
     c.drain()                                            # abandons the stalled read, frees its pages
@@ -145,7 +146,7 @@ def test_a_stalled_store_never_hangs_the_loop():
 def test_a_hit_larger_than_the_prefetch_share_is_refused_and_counted():
     store = MemoryBackend()
     writer("tiny_gqa", store, prompts=([0, 1, 2, 3, 4],), device_pages=8, host_pages=16)
-    c, d = reader("tiny_gqa", store, device_pages=8, host_pages=8, storage_prefetch_share=0.5)
+    c, d = reader("tiny_gqa", store, device_pages=8, host_pages=8, prefetch_share=0.5)
     assert d.request([0, 1, 2, 3, 4]) == 0               # 5 pages > half of 8 host pages
     assert c.stats().prefetches == {"no_host_space": 1}  # reported, not silently shrunk
 
@@ -153,7 +154,7 @@ def test_a_hit_larger_than_the_prefetch_share_is_refused_and_counted():
 def test_best_effort_serves_what_is_there_and_lands_the_rest_later():
     store = MemoryBackend()
     writer("tiny_gqa", store)
-    c, d = reader("tiny_gqa", store, storage_prefetch_policy="best_effort")
+    c, d = reader("tiny_gqa", store, prefetch_policy="best_effort")
     served = d.request([0, 1, 2])
     c.drain()                                            # the prefetch lands
     assert served in (0, 3 * P) and d.request([0, 1, 2]) == 3 * P
@@ -183,20 +184,20 @@ def test_a_snapshot_restores_the_host_tier_in_a_new_cache(name, tmp_path):
 @pytest.mark.parametrize("retry_s", [0.0, 1.5])
 def test_an_unreachable_store_degrades_at_once_with_one_log_line(retry_s, caplog):
     """A Mooncake master nobody listens on: the cache is built within a few seconds (after
-    `storage_connect_retry_s` of retrying), says so in one warning, and serves from L1/L2."""
+    `connect_retry_s` of retrying), says so in one warning, and serves from L1/L2."""
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]                  # closed again: nothing listens there
     caplog.set_level("WARNING", logger="hicache_jax")
     t0 = time.monotonic()
-    c = hc.HiCache(layout("tiny_v4"), config("tiny_v4", storage=f"mooncake://127.0.0.1:{port}",
-                                              storage_connect_retry_s=retry_s))
+    c = hc.HiCache(layout("tiny_v4"), config("tiny_v4", url=f"mooncake://127.0.0.1:{port}",
+                                              connect_retry_s=retry_s))
     assert retry_s <= time.monotonic() - t0 < retry_s + 3
     d = Driver(c)
     for blocks in ([0, 1], [0, 1, 2], [0, 1]):
         d.request(blocks)
-    time.sleep(0.3)                                 # past storage_retry_after_s: probed again, quietly
+    time.sleep(0.3)                                 # past retry_after_s: probed again, quietly
     d.request([0, 1, 3])
     s = c.stats().storage
     assert s.degraded and s.failures["open"] == {"error": 1} and d.device_hits > 0

@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 @pytest.mark.parametrize("name, groups", [("tiny_v4", 1), ("tiny_v4", 2), ("tiny_v41", 4), ("tiny_gqa", 2)])
 def test_a_step_that_lands_nothing_computes_the_same_bits(name, groups):
     layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
-    cache = hc.HiCache(layout, hc.HiCacheConfig(device_pages=8, host_pages=16, layer_groups=groups,
-                                                landing_buckets=4))
+    cache = hc.HiCache(layout, hc.HiCacheConfig(device_pages=8, host_pages=16,
+                                                transfer=hc.TransferConfig(layer_groups=groups, landing_buckets=4)))
     model = make_model(layout, seed=7, max_pages=8)
     rng = np.random.default_rng(0)
     P = layout.page_size

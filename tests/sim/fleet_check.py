@@ -50,10 +50,12 @@ def worker(argv: list[str]) -> int:
     prompts = [request_tokens(r, vocab, max_tokens=args.max_input_tokens)
                for r in read_trace(ROOT / args.trace, limit=args.limit)]
     policy = hc.WindowPolicy.parse(args.window_policy)
-    cache = hc.HiCache(layout, hc.HiCacheConfig(
-        device_pages=args.device_pages, swa_device_pages=args.swa_device_pages,
-        host_pages=json.loads(args.host_pages), storage=args.storage, storage_model_id=args.model_id,
-        storage_prefetch_policy="wait_complete", storage_call_timeout_s=30.0))
+    cache = hc.HiCache(layout, hc.HiCacheConfig(device_pages=args.device_pages,
+                                                swa_device_pages=args.swa_device_pages,
+                                                host_pages=json.loads(args.host_pages),
+                                                storage=hc.StorageConfig(url=args.storage, model_id=args.model_id,
+                                                                         prefetch_policy="wait_complete",
+                                                                         call_timeout_s=30.0)))
     page, swa_alloc = layout.page_size, cache.swa_allocator
 
     def serve(tokens: np.ndarray) -> dict:

@@ -69,6 +69,7 @@ def test_every_tree_keeps_its_invariants_through_a_run():
     for route, write, store in (("random", "write_back", "write_back"),
                                 ("affinity", "write_through_selective", "write_through")):
         cfg = config(device=48, host=128, storage=4096, instances=3, route=route,
-                     cache={"check_invariants": True, "write_policy": write, "storage_write_policy": store})
+                     cache={"check_invariants": True, "write_policy": write,
+                            "storage": hc.StorageConfig(write_policy=store)})
         r = simulate(reqs, layout(), cfg)
         assert r.requests == 200 and r.storage["written_pages"]["kv"] > 0

@@ -47,7 +47,7 @@ def test_the_simulator_predicts_real_processes_exactly(tmp_path, route):
 
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / "tiny_v4.json"))
     cache = hc.HiCacheConfig(device_pages=DEVICE, swa_device_pages=DEVICE, host_pages=HOST,
-                             storage_prefetch_policy="wait_complete", storage_call_timeout_s=30.0)
+                             storage=hc.StorageConfig(prefetch_policy="wait_complete", call_timeout_s=30.0))
     config = SimConfig(cache, INSTANCES, route, load_bound=0, seed=3, storage_pages={"kv": 10 ** 6, "swa": 10 ** 6},
                        window_policy=hc.WindowPolicy.parse(POLICY), max_input_tokens=CUT, serial=True)
     sim = simulate(read_trace(ROOT / trace, limit=REQUESTS), layout, config)

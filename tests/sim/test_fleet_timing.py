@@ -85,7 +85,7 @@ def test_a_storage_write_is_seen_by_another_instance_once_it_has_landed():
 def test_best_effort_does_not_wait_for_a_prefetch_which_lands_while_the_request_runs():
     a = req(0, 0.0, (1, 2, 3))
     b, c = req(1, 5.0, (1, 2, 3, 4)), req(3, 9.0, (1, 2, 3, 5))
-    cfg = fleet(storage=1000, instances=2, route="round_robin", cache={"storage_prefetch_policy": "best_effort"})
+    cfg = fleet(storage=1000, instances=2, route="round_robin", cache={"storage": hc.StorageConfig(prefetch_policy="best_effort")})
     r = simulate([a, b, req(2, 7.0, (20, 21)), c], layout(), cfg)   # 2 instances: c goes where b went
     ob, oc = r.outcomes[1], r.outcomes[3]
     assert ob.instance == oc.instance == 1

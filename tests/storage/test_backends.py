@@ -99,7 +99,7 @@ def test_bad_urls_raise_value_error(url, match):
     with pytest.raises(ValueError, match=match):   # its form alone, before anything is opened
         check_url(url)
     with pytest.raises(ValueError, match=match):
-        hc.HiCacheConfig(device_pages=4, storage=url)
+        hc.HiCacheConfig(device_pages=4, storage=hc.StorageConfig(url=url))
     with pytest.raises(ValueError, match=match):
         open_backend(url)
 

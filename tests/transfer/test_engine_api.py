@@ -14,6 +14,7 @@ import pytest
 import hicache_jax as hc
 from hicache_jax.plan import make_plan
 from hicache_jax.pools import ROW_ALIGN_BYTES
+from hicache_jax.config import TransferConfig
 from hicache_jax.transfer import TransferEngine, hlo_host_ops, host_compute_violations
 
 from conftest import CONFIGS, ROOT, other_device, tp_mesh
@@ -115,14 +116,18 @@ def test_constructor_rejects_impossible_configurations():
     with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):
         TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8})  # 89 GB of kv rows
     with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):   # None: the same default
-        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8}, host_memory_limit_bytes=None)
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 2 << 20, "swa": 8},
+                       config=TransferConfig(host_memory_limit_bytes=None))
     with pytest.raises(ValueError, match="kv: 16 pages x 42,496 B"):
-        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, host_memory_limit_bytes=1 << 20)
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8},
+                       config=TransferConfig(host_memory_limit_bytes=1 << 20))
     for bad in (0, 1.5, "64G", True):
-        with pytest.raises(ValueError, match=f"host_memory_limit_bytes must be an integer >= 1, got {bad!r}"):
-            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, host_memory_limit_bytes=bad)
+        with pytest.raises(ValueError, match=f"'host_memory_limit_bytes' must be an integer >= 1, got {bad!r}"):
+            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8},
+                           config=TransferConfig(host_memory_limit_bytes=bad))
     with pytest.raises(ValueError, match="max_staging_bytes"):
-        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, max_staging_bytes=1000)
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8},
+                       config=TransferConfig(max_staging_bytes=1000))
     with pytest.raises(ValueError, match="no entry for allocator 'swa'"):
         TransferEngine(layout, {"kv": 8}, {"kv": 16, "swa": 8})
     with pytest.raises(ValueError, match="positive integer"):
@@ -130,10 +135,11 @@ def test_constructor_rejects_impossible_configurations():
     with pytest.raises(ValueError, match="not allocators"):
         TransferEngine(layout, {"kv": 8, "swa": 4, "deepseek_v4_c4": 3}, {"kv": 16, "swa": 8})
     with pytest.raises(ValueError, match="kernels"):
-        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, kernels="cuda")
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, config=TransferConfig(kernels="cuda"))
     for bad in (0, 1.0, "2"):
-        with pytest.raises(ValueError, match="landing_buckets must be an integer >= 1"):
-            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, landing_buckets=bad)
+        with pytest.raises(ValueError, match="'landing_buckets' must be an integer >= 1"):
+            TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8},
+                           config=TransferConfig(landing_buckets=bad))
 
 
 def test_a_plan_that_does_not_fit_moves_nothing(v4):
@@ -244,7 +250,8 @@ def test_host_pages_read_and_write_whole_pages(v4):
 
 def test_warmup_compiles_programs_that_never_compute_on_host_memory(v4):
     layout, engine = v4
-    early = TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8}, early_copy_bytes=0)
+    early = TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8},
+                           config=TransferConfig(early_copy_bytes=0))
     assert engine.warmup(max_pages=2) >= 8 and early.warmup(max_pages=2) > engine.warmup(max_pages=2)
     assert {"kv:copy[1]", "kv:copy[2]", "swa:copy[1]"} <= set(early.program_jaxprs())   # the early copies
     for e in (engine, early):

@@ -8,6 +8,7 @@ import pytest
 import hicache_jax as hc
 from hicache_jax.layout import groups as layer_groups
 from hicache_jax.plan import make_plan
+from hicache_jax.config import TransferConfig
 from hicache_jax.transfer import Landing, TransferEngine, host_compute_violations
 from hicache_jax.transfer.blocks import _largest_block
 from hicache_jax.transfer.moves import EarlyCopy, Piece, Pieces, WholeBlock
@@ -20,8 +21,9 @@ def engine_for(name, groups, kernels="reference", tp=None, landing_buckets=4):
     allocators = [p.name for p in layout.allocator_pools if layout.moving_with(p.name)]
     mesh = tp_mesh(tp) if tp else None
     return layout, allocators, TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators},
-                                              mesh=mesh, kernels=kernels, layer_groups=groups,
-                                              landing_buckets=landing_buckets)
+                                              mesh=mesh,
+                                              config=TransferConfig(kernels=kernels, layer_groups=groups,
+                                                                    landing_buckets=landing_buckets))
 
 
 def random_pools(engine, seed):
@@ -173,8 +175,9 @@ def test_landing_misuse_is_refused():
     with pytest.raises(ValueError, match="land takes a Landing"):
         engine.land("landing", pools)
     for bad in (0, 10 ** 6, True, 1.5):
-        with pytest.raises(ValueError, match="layer_groups must be an int"):
-            TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators}, layer_groups=bad)
+        with pytest.raises(ValueError, match="layer_groups. must be an integer|layer_groups must be an int in"):
+            TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators},
+                           config=TransferConfig(layer_groups=bad))
 
 
 def test_groups_cover_every_layer_once_and_reads_land_first():

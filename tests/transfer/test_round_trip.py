@@ -13,6 +13,7 @@ import jax
 import hicache_jax as hc
 from hicache_jax.plan import make_plan
 from hicache_jax.pools import Devices, HostRowFormat
+from hicache_jax.config import TransferConfig
 from hicache_jax.transfer import TransferEngine, host_compute_violations
 
 from conftest import CONFIGS, tp_mesh
@@ -56,7 +57,8 @@ class Harness:
         row = max(HostRowFormat.create(self.layout, a, devices).rank_row_bytes for a in self.allocators)
         self.engine = TransferEngine(self.layout, {a: DEVICE_PAGES for a in self.allocators},
                                      {a: HOST_PAGES for a in self.allocators}, mesh=mesh,
-                                     max_staging_bytes=2 * row, kernels=kernels, layer_groups=groups)
+                                     config=TransferConfig(max_staging_bytes=2 * row, kernels=kernels,
+                                                           layer_groups=groups))
         rng = np.random.default_rng(0)
         zeros = self.engine.init_device_pools()
         self.pools = {k: jax.device_put(random_bytes(rng, x.shape, x.dtype), x.sharding) for k, x in zeros.items()}
