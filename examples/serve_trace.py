@@ -119,8 +119,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     try:
         args.jobs = load_jobs(args.trace, cfg.vocab_size, args.limit, args.max_input_tokens, args.max_output_tokens,
                               args.time_scale, seed=args.seed)
-    except (OSError, ValueError, EOFError) as e:
-        ap.error(f"--trace {args.trace}: {e}")
+    except (OSError, ValueError, EOFError) as e:      # the reader's errors name the file and line already
+        ap.error(f"--trace {e}" if str(e).startswith(args.trace) else f"--trace {args.trace}: {e}")
     if not args.jobs:
         ap.error(f"--trace {args.trace}: no requests in it")
     args.max_pages = max(j.pages(P) for j in args.jobs)
