@@ -99,8 +99,7 @@ class CacheCalls:
         hits = seq.hits if seq.admissions == 1 else seq.resume_hits
         hits["device"] += prefix.device_tokens
         hits["host"] += prefix.host_tokens
-        if "storage" in hits:
-            hits["storage"] += prefix.storage_tokens
+        hits["storage"] += prefix.storage_tokens
 
     def refuse(self, prefix) -> None:
         """Give back a prefix acquired for a request that could not be admitted after all."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from examples.batching.loop import Run
+from examples.batching.sequence import TIERS
 
 
 def percentiles_ms(seconds: list[float]) -> dict[str, float]:
@@ -30,7 +31,7 @@ def summarize(run: Run) -> dict:
     itl = [b - a for s in seqs for a, b in zip(s.token_times, s.token_times[1:])]
     tokens = sum(len(s.tokens) for s in seqs)
     span = max(s.token_times[-1] for s in seqs) - min(s.job.arrival_s for s in seqs)
-    hits = {tier: sum(s.hits[tier] + s.resume_hits.get(tier, 0) for s in seqs) for tier in ("device", "host", "storage")}
+    hits = {tier: sum(s.hits[tier] + s.resume_hits[tier] for s in seqs) for tier in TIERS}
     st = run.stats
     return {
         "requests": len(seqs),
@@ -42,7 +43,7 @@ def summarize(run: Run) -> dict:
         "busy_s": round(sum(r.wall_s for r in run.steps), 3),
         "prompt_tokens": sum(len(s.job.prompt) for s in seqs),
         "hit_tokens": hits,
-        "resume_hit_tokens": {tier: sum(s.resume_hits[tier] for s in seqs) for tier in ("device", "host")},
+        "resume_hit_tokens": {tier: sum(s.resume_hits[tier] for s in seqs) for tier in TIERS},
         "computed_tokens": sum(s.computed_tokens for s in seqs),
         "bytes_moved": {"device_to_host": int(sum(st.backup_bytes.values())),
                         "host_to_device": int(sum(st.load_bytes.values()))},

@@ -25,6 +25,8 @@ import numpy as np
 
 from examples.batching.workload import Job
 
+TIERS = ("device", "host", "storage")       # where a prefix's tokens were found
+
 
 @dataclasses.dataclass
 class Placement:
@@ -49,8 +51,8 @@ class Sequence:
         self.computed = 0
         self.placement: Placement | None = None
         self.admissions = 0                  # 1 + times preempted and admitted again
-        self.hits = {"device": 0, "host": 0, "storage": 0}   # prompt tokens found in the cache, first admission
-        self.resume_hits = {"device": 0, "host": 0}          # tokens found again after a preemption
+        self.hits = dict.fromkeys(TIERS, 0)          # prompt tokens found in the cache at the first admission
+        self.resume_hits = dict.fromkeys(TIERS, 0)   # tokens found when it came back after a preemption
         self.computed_tokens = 0             # positions this request computed (prefill, recompute)
 
     # -- tokens --------------------------------------------------------------------------------
