@@ -93,14 +93,14 @@ def table(summaries: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def throughput_series(run: Run, buckets: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(bucket centres s, output tokens/s in each bucket) over the run's span; by default about
-    four steps per bucket, 5 to 40 buckets."""
-    buckets = buckets or max(5, min(40, len(run.steps) // 4))
+def throughput_series(run: Run, points: int = 60, window_parts: int = 12) -> tuple[np.ndarray, np.ndarray]:
+    """(times s, output tokens/s) over the run's span: at each time, the tokens of the steps
+    that ended in the window before it (a twelfth of the span) over the window's length.
+    A window, not a bucket per step: decode tokens come in bursts, one per running sequence."""
     t = np.asarray([r.clock_s for r in run.steps])
-    n = np.asarray([r.tokens for r in run.steps], np.float64)
+    n = np.cumsum([r.tokens for r in run.steps], dtype=np.float64)
     start = min(s.job.arrival_s for s in run.sequences)
-    edges = np.linspace(start, t.max(), buckets + 1)
-    counts, _ = np.histogram(t, bins=edges, weights=n)
-    width = edges[1] - edges[0]
-    return (edges[:-1] + edges[1:]) / 2, counts / width if width > 0 else counts
+    width = max((t.max() - start) / window_parts, 1e-9)
+    at = np.linspace(start + width, t.max(), points)
+    done = lambda x: np.interp(x, t, n, left=0.0)     # tokens done by time x (steps ended by then)
+    return at, (done(at) - done(at - width)) / width
