@@ -51,10 +51,11 @@ def make_cache(kind: CacheKind, layout, device_pages: int, host_pages: int,
 class CacheCalls:
     """The cache calls of a batched loop for one `CacheKind`.
 
-    Per step the loop calls `step()`, then `alloc` for running sequences' next chunks,
-    then `acquire` for the requests it admits (one call for all of them), `alloc` for their
-    first chunks (`admit`), the model step with `device_pools` / `set_device_pools`, and
-    `release` for each sequence that finished or is preempted.
+    Per step the scheduler calls `step()`; `alloc` + `grow` for running sequences' next
+    chunks (`release` of the newest when it must preempt); `acquire` for the requests it
+    admits (one call for all of them), then `alloc` + `place` for each one's first chunk
+    (`refuse` for one that does not fit); the loop runs the model step on
+    `cache.device_pools` / `set_device_pools`; `release` for each sequence that finished.
     """
 
     def __init__(self, kind: CacheKind, cache: hc.HiCache, window_policy: hc.WindowPolicy):
