@@ -3,6 +3,7 @@
     from examples.tiny_models import make_model
     model = make_model(layout, seed=0, max_pages=16)
     pools, logits = model.forward_chunk(pools, anchor_pages, swa_pages, tokens, start, valid)
+    pools, logits = model.forward_batch(pools, SlotBatch(...))    # B sequences in one step
 
 `make_model` picks the family from `layout.model.model_type`: DeepSeek V4 and V4.1 share
 `DeepSeekModel` (their differences are which pools each layer owns, see `plan.py`);
@@ -11,7 +12,7 @@ plain GQA models get `GQAModel`. The contract is in `base.py`.
 from __future__ import annotations
 
 from hicache_jax.layout import PoolLayout
-from examples.tiny_models.base import ChunkModel
+from examples.tiny_models.base import ChunkModel, SlotBatch
 from examples.tiny_models.deepseek import DeepSeekModel
 from examples.tiny_models.gqa import GQAModel
 
@@ -28,4 +29,4 @@ def make_model(layout: PoolLayout, seed: int = 0, max_pages: int = 16) -> ChunkM
     raise ValueError(f"no tiny model for model_type {kind!r}")
 
 
-__all__ = ["ChunkModel", "DeepSeekModel", "GQAModel", "make_model"]
+__all__ = ["ChunkModel", "DeepSeekModel", "GQAModel", "SlotBatch", "make_model"]

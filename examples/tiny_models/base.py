@@ -15,8 +15,24 @@ position masks admit them; other table entries may name any page holding any byt
 `landing=` (a deferred load-back's `hicache_jax.Landing`) is landed inside the same jit,
 each layer group just before the first layer that reads it (`Lander.before_layer`), so
 the copy of a prefix from the host runs under the chunk's compute.
+
+A batched serving loop runs several sequences in one program:
+
+    pools, logits = model.forward_batch(pools, slots)     # slots: a SlotBatch of B slots
+
+runs slots 0 .. count - 1 one after the other, each the per-sequence chunk above on its
+own tokens, start, valid and page tables, with the pools threaded through, and returns
+f32[B, vocab] (the last valid row's logits per slot; rows >= count are zero and those slots
+write nothing). A slot is the same computation whatever the other slots hold and whichever
+slot it is in, so a sequence gets the same bits in a full batch as alone (count = 1).
+Slots run one after another rather than as one [B x chunk_size]-row computation: wider
+matmuls round differently, and a token's bits must not depend on what it was batched with.
+What a batch saves is per-step dispatch and host round trips, not arithmetic. A batched
+step takes no landing: its host hits are loaded before it (see examples/batching).
 """
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -27,6 +43,30 @@ from examples.tiny_models.paged import Chunk
 
 
 _STEPS: dict[tuple, object] = {}   # (model class, layout, max_pages, chunk_size) -> the jitted step
+_BATCH_STEPS: dict[tuple, object] = {}   # the same key -> the jitted batched step
+
+
+class SlotBatch(NamedTuple):
+    """The inputs of one batched step (`ChunkModel.forward_batch`): B slots, the first
+    `count` computed. Row i is slot i's arguments of `forward_chunk`. A pytree of arrays,
+    so one batch size and model compile one program whatever `count` and the rows hold.
+
+        count          i32[]                 slots computed: 0 .. count - 1 (0 .. B)
+        tokens         i32[B, chunk_size]    the chunk's tokens (padding past valid: anything)
+        start          i32[B]                first position of the chunk (a multiple of chunk_size)
+        valid          i32[B]                real rows of the chunk, 1 .. chunk_size
+        anchor_pages   i32[B, max_pages]     logical page -> anchor device page
+        swa_pages      i32[B, max_pages]     logical page -> SWA device page
+        logits         bool[B]               compute this slot's logits (a model may skip its head)
+    """
+
+    count: np.ndarray
+    tokens: np.ndarray
+    start: np.ndarray
+    valid: np.ndarray
+    anchor_pages: np.ndarray
+    swa_pages: np.ndarray
+    logits: np.ndarray
 
 
 class ChunkModel:
@@ -60,6 +100,7 @@ class ChunkModel:
         if key not in _STEPS:
             _STEPS[key] = jax.jit(self._forward, donate_argnums=(1,))
         self._step = _STEPS[key]
+        self._batch_key = key
 
     # ---- public API -------------------------------------------------------------------
 
@@ -86,6 +127,29 @@ class ChunkModel:
         pools, logits, _ = self._call(pools, anchor_pages, swa_pages, tokens, start, valid, True)
         return pools, logits
 
+    def forward_batch(self, pools, slots: SlotBatch):
+        """(pools, logits f32[B, vocab]): slots 0 .. count - 1 of `slots`, one after the other.
+
+        Slot i runs the per-sequence chunk (`_forward`, what `forward_chunk` runs) on its
+        own row: tokens[i], start[i], valid[i], its page tables, on the pools the slots before
+        it left, all inside one jitted program (a loop over the slots, `count` a traced bound).
+        Its bits depend only on its row and the pool pages it reads, never on the other slots
+        or on which slot it is, so a sequence computed in a full batch equals the same
+        sequence in a batch of one (count = 1), by construction; it also equals
+        `forward_chunk` on the CPU (tests/models/test_forward_batch.py), though that is
+        another program. Slots >= count are not computed (no cost, no writes) and get zero
+        logits. logits[i] False lets a model skip its head for slot i (Gemma then returns
+        zeros there; the tiny models compute them anyway). Slots computed together must
+        write different pages (they are different sequences; shared prefix pages are only
+        read). `pools` are donated. Numpy rows of computed slots are range-checked like
+        `forward_chunk`'s arguments; jax arrays pass unchecked (that would need a device sync).
+        """
+        check_pools(self.layout, pools)
+        slots = self._checked_slots(slots)
+        if self._batch_key not in _BATCH_STEPS:
+            _BATCH_STEPS[self._batch_key] = jax.jit(self._forward_batch, donate_argnums=(1,))
+        return _BATCH_STEPS[self._batch_key](self.params, dict(pools), slots)
+
     def pool_shapes(self, num_anchor_pages: int, num_swa_pages: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """{pool name: (shape, dtype)} of the pool arrays this model expects."""
         out = {}
@@ -109,6 +173,49 @@ class ChunkModel:
             pools = lander.finish(pools)
         last = jax.lax.dynamic_index_in_dim(logits, valid - 1, axis=0, keepdims=False)
         return pools, logits, last
+
+    def _forward_batch(self, params, pools, slots: SlotBatch):
+        # a fori_loop with a traced bound, not a scan with a masked body: slots past `count`
+        # cost nothing, and the body is the per-sequence `_forward` itself (no landing), so a
+        # slot is the same computation as in any other batch or alone
+        def body(i, carry):
+            pools, out = carry
+            pools, _, last = self._forward(params, pools, slots.anchor_pages[i], slots.swa_pages[i],
+                                           slots.tokens[i], slots.start[i], slots.valid[i], slots.logits[i], None)
+            return pools, jax.lax.dynamic_update_index_in_dim(out, last.astype(jnp.float32), i, 0)
+
+        out = jnp.zeros((slots.tokens.shape[0], self.vocab_size), jnp.float32)
+        return jax.lax.fori_loop(0, slots.count, body, (pools, out))
+
+    def _checked_slots(self, slots) -> SlotBatch:
+        if not isinstance(slots, SlotBatch):
+            raise ValueError(f"forward_batch takes a SlotBatch, got {type(slots).__name__}")
+        shape = np.shape(slots.tokens)
+        B = shape[0] if len(shape) == 2 else 0
+        if B < 1 or shape[1] != self.chunk_size:
+            raise ValueError(f"SlotBatch.tokens must be int[B >= 1, {self.chunk_size}], got {list(shape)}")
+        want = {"tokens": (B, self.chunk_size), "start": (B,), "valid": (B,), "anchor_pages": (B, self.max_pages),
+                "swa_pages": (B, self.max_pages), "logits": (B,)}
+        out = {"count": _i32_scalar("count", slots.count)}
+        for name, dims in want.items():
+            x = getattr(slots, name)
+            kind = np.bool_ if name == "logits" else np.integer
+            dtype = x.dtype if isinstance(x, (jax.Array, np.ndarray)) else np.asarray(x).dtype
+            if np.shape(x) != dims or not np.issubdtype(dtype, kind):
+                raise ValueError(f"SlotBatch.{name} must be {'bool' if name == 'logits' else 'int'}{list(dims)}, "
+                                 f"got {dtype}{list(np.shape(x))}")
+            out[name] = x if isinstance(x, jax.Array) else np.asarray(x, np.bool_ if name == "logits" else np.int32)
+        if isinstance(out["count"], np.int32):
+            n = int(out["count"])
+            if not 0 <= n <= B:
+                raise ValueError(f"SlotBatch.count must be in 0..{B}, got {n}")
+            if isinstance(out["start"], np.ndarray) and isinstance(out["valid"], np.ndarray):
+                for i in range(n):
+                    try:
+                        self._check_range(int(out["start"][i]), int(out["valid"][i]))
+                    except ValueError as e:
+                        raise ValueError(f"slot {i}: {e}") from None
+        return SlotBatch(**out)
 
     def _call(self, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits: bool, landing=None):
         check_pools(self.layout, pools)

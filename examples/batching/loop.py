@@ -1,0 +1,112 @@
+"""`serve`: replay jobs through the scheduler and the model's batched step on a simulated clock.
+
+The replay clock starts at 0 with the trace and advances by the wall time of each step,
+measured around everything the step does (`cache.step()`, growing and admitting with
+their `acquire` / `alloc` calls and any load they wait for, packing, the jitted model
+step, fetching its tokens, which waits for it, and the `insert` / `retract` of the
+sequences that leave). A request arrives when the clock passes its arrival time (the
+trace timestamp x `--time-scale`); when nothing is running or waiting, the clock jumps
+to the next arrival. Each token is stamped with the clock at the end of its step, so:
+
+    TTFT            first token's time - arrival (queueing, prefix loads, prefill, and
+                    any preemption before the first token included)
+    inter-token     time between a request's consecutive tokens
+    throughput      output tokens / (last token's time - first arrival)
+
+The clock is wall time where the loop works and the trace's time where it would be idle,
+so a run is as fast as the machine and as loaded as the trace (and `--time-scale`) make it.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+
+import jax
+import numpy as np
+
+import hicache_jax as hc
+from examples.batching.modes import CacheCalls, CacheKind
+from examples.batching.progress import ProgressBar
+from examples.batching.scheduler import Scheduler
+from examples.batching.sequence import Sequence
+from examples.batching.slots import pack, pick
+from examples.batching.workload import Job
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRecord:
+    clock_s: float       # replay clock at the end of the step
+    wall_s: float        # the step's wall time
+    batch: int           # sequences computed together
+    tokens: int          # tokens generated
+
+
+@dataclasses.dataclass
+class Run:
+    """What one replay produced: every request's tokens and timings, every step, the cache's counters."""
+
+    kind: CacheKind
+    sequences: list[Sequence]       # in trace order
+    steps: list[StepRecord]
+    preemptions: int
+    refused_admissions: int
+    stats: hc.CacheStats
+    wall_s: float
+
+
+def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: frozenset[int] = frozenset(),
+          progress: bool = True) -> Run:
+    """Serve `jobs` (in arrival order) through `calls` with `model.forward_batch` on `max_batch`
+    slots. `sample`: job indices whose full logits rows are kept (for the identity check).
+    The cache's pools must have had the step compiled on them (warm-up)."""
+    sched = Scheduler(calls, model.chunk_size, max_batch)
+    C, M = model.chunk_size, model.max_pages
+    rows = np.zeros(min(len(sample), max_batch), np.int32)
+    pending = collections.deque(jobs)
+    seqs: list[Sequence] = []
+    steps: list[StepRecord] = []
+    bar = ProgressBar(calls.kind.value, len(jobs), enabled=progress)
+    clock, done, t_start = 0.0, 0, time.perf_counter()
+    while pending or sched.busy:
+        if not sched.busy:
+            clock = max(clock, pending[0].arrival_s)        # idle: the next arrival comes
+        while pending and pending[0].arrival_s <= clock:
+            seqs.append(sched.arrive(pending.popleft()))
+        t0 = time.perf_counter()
+        calls.step()
+        batch = sched.schedule()
+        slots = pack(batch, max_batch, C, M)
+        pools, logits = model.forward_batch(calls.cache.device_pools, slots)
+        calls.cache.set_device_pools(pools)
+        wanted = [i for i, s in enumerate(batch) if slots.logits[i] and s.job.index in sample]
+        rows[: len(wanted)] = wanted
+        tokens, digests, kept = pick(logits, rows)
+        tokens, digests = np.asarray(tokens), np.asarray(digests)    # waits for the step
+        kept = dict(zip(wanted, np.asarray(kept))) if wanted else None
+        got = sched.advance(batch, tokens, digests, kept)
+        dt = time.perf_counter() - t0
+        clock += dt
+        for seq in got:
+            seq.token_times.append(clock)
+        done += sum(s.finished for s in got)
+        steps.append(StepRecord(clock, dt, len(batch), len(got)))
+        bar.update(done, len(sched.running), len(sched.waiting) + len(pending), clock)
+    bar.update(done, 0, 0, clock, force=True)
+    bar.close()
+    calls.cache.drain()
+    calls.cache.check_invariants()
+    seqs.sort(key=lambda s: s.job.index)
+    return Run(calls.kind, seqs, steps, sched.preemptions, sched.refused_admissions, calls.cache.stats(),
+               time.perf_counter() - t_start)
+
+
+def warm_up(model, cache: hc.HiCache, max_batch: int, sample_rows: int) -> None:
+    """Compile the batched step on `cache`'s pools and `pick` for this batch size, before
+    anything is timed: one step with no slot computed writes nothing."""
+    C, M = model.chunk_size, model.max_pages
+    empty = pack([], max_batch, C, M)
+    pools, logits = model.forward_batch(cache.device_pools, empty)
+    out = pick(logits, np.zeros(sample_rows, np.int32))
+    jax.block_until_ready(out)
+    cache.set_device_pools(pools)

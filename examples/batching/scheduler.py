@@ -1,0 +1,130 @@
+"""`Scheduler`: which sequences run in the next step, and where their pages come from.
+
+Continuous batching over at most `max_batch` slots. Each step, before the model runs:
+
+1. **Grow.** Every running sequence gets the pages its next chunk writes (one `alloc` for
+   all of them; pages are taken as a sequence reaches them, not for its whole length up
+   front, as vLLM and SGLang do). When the device is full, the most recently admitted
+   running sequence is **preempted**: its whole computed pages go to the tree (`retract`,
+   where they can be backed up, evicted and loaded back), the rest is freed, and it
+   returns to the head of the queue, keeping what it generated. Older sequences are served
+   first, so the oldest always progresses (a request never needs more pages than the
+   device has: the command line checks it before starting).
+2. **Admit.** Requests that arrived wait in a FIFO queue. While slots are free, the head of
+   the queue is admitted: its cached prefix is acquired (the candidates of one step in one
+   call, `acquire_many`) and its first chunk's pages allocated. A candidate whose pages do
+   not fit gives its prefix back and waits, with every request behind it, until a
+   sequence finishes (FIFO: no request overtakes an earlier one). The cache does not say
+   how many pages `alloc` could grant (free plus evictable), so admission learns it by
+   asking: a refused candidate's `acquire` was done for nothing (and may have loaded its
+   prefix back, which then waits on device as a device hit).
+
+After the step, `advance` records each sequence's chunk and token; a sequence that has all
+its tokens leaves (`insert`). No policy looks at the trace's future.
+"""
+from __future__ import annotations
+
+import collections
+
+from examples.batching.modes import CacheCalls
+from examples.batching.sequence import Sequence
+from examples.batching.workload import Job
+
+
+class Scheduler:
+    """The waiting queue and the running batch of one replay (module docstring)."""
+
+    def __init__(self, calls: CacheCalls, chunk_size: int, max_batch: int):
+        self.calls, self.chunk, self.max_batch = calls, chunk_size, max_batch
+        self.page = calls.page_size
+        self.waiting: collections.deque[Sequence] = collections.deque()
+        self.running: list[Sequence] = []       # admission order: oldest first
+        self.preemptions = 0
+        self.refused_admissions = 0             # candidates acquired, then short of pages
+        self._blocked = False                   # the queue head did not fit, and no sequence finished since
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def arrive(self, job: Job) -> Sequence:
+        seq = Sequence(job)
+        self.waiting.append(seq)
+        return seq
+
+    def schedule(self) -> list[Sequence]:
+        """Grow, then admit (module docstring); the sequences of the next step, oldest first."""
+        self._grow()
+        self._admit()
+        return list(self.running)
+
+    def advance(self, batch: list[Sequence], tokens, digests, logits: dict | None) -> list[Sequence]:
+        """After the step: sequence i of `batch` computed its chunk; those that reached their
+        last known token get tokens[i] (with digests[i], and logits[i], f32[vocab], when
+        `logits` has it). The finished ones leave. Returns the sequences that got a token."""
+        got = []
+        for i, seq in enumerate(batch):
+            if seq.advance(self.chunk):
+                seq.add_token(tokens[i], digests[i], None if logits is None else logits.get(i))
+                got.append(seq)
+        for seq in [s for s in batch if s.finished]:
+            self.running.remove(seq)
+            self.calls.release(seq)
+            self._blocked = False
+        return got
+
+    # -- internals -------------------------------------------------------------------------------
+    def _grow(self) -> None:
+        needs = [(s, s.pages_for_next_chunk(self.chunk, self.page)) for s in self.running]
+        needs = [(s, n) for s, n in needs if n]
+        total = sum(n for _, n in needs)
+        if not total:
+            return
+        grant = self.calls.alloc(total)
+        if grant is not None:                   # the usual case: one call for the whole step
+            anchor, swa = grant
+            for s, n in needs:
+                self.calls.grow(s, (anchor[:n], swa[:n]))
+                anchor, swa = anchor[n:], swa[n:]
+            return
+        for s, n in needs:                      # oldest first; preempt from the newest
+            while s.placement is not None:
+                grant = self.calls.alloc(n)
+                if grant is not None:
+                    self.calls.grow(s, grant)
+                    break
+                self._preempt(self.running[-1])
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.calls.release(seq)
+        self.waiting.appendleft(seq)            # ahead of later arrivals: it came before them
+        self.preemptions += 1                   # (its pages went to the sequence that grew: still blocked)
+
+    def _admit(self) -> None:
+        free = self.max_batch - len(self.running)
+        if free <= 0 or not self.waiting or (self._blocked and self.running):
+            return
+        candidates = list(self.waiting)[:free]
+        prefixes = self.calls.acquire([s.token_ids() for s in candidates])
+        for k, (seq, prefix) in enumerate(zip(candidates, prefixes, strict=True)):
+            start = 0 if prefix is None else prefix.length          # whole pages, short of the last token
+            pages = -(-min(seq.known, start + self.chunk) // self.page) - start // self.page
+            grant = self.calls.alloc(pages)
+            last = grant is None                 # the later candidates' pinned prefixes may be in the way:
+            if last:                             # give them back, try once more, admit no more this step
+                for p in prefixes[k + 1:]:
+                    self.calls.refuse(p)
+                grant = self.calls.alloc(pages)
+            if grant is None:
+                self.calls.refuse(prefix)
+                self.refused_admissions += 1
+                if not self.running:
+                    raise RuntimeError(f"bug: request {seq.job.index} cannot get {pages} pages on an idle device")
+                self._blocked = True
+                return
+            self.waiting.popleft()
+            self.calls.place(seq, prefix, grant)
+            self.running.append(seq)
+            if last:
+                return

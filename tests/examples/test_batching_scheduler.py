@@ -1,0 +1,95 @@
+"""The batched loop's scheduler over a page counter: pages taken as sequences grow, the
+newest preempted when the device is full and put back at the head of the queue, FIFO
+admission that waits for a sequence to finish, one `acquire` per step. No model, no jax."""
+import numpy as np
+
+from examples.batching.modes import CacheCalls, CacheKind
+from examples.batching.scheduler import Scheduler
+from examples.batching.workload import Job
+
+P = C = 4            # tokens per page and per chunk
+
+
+class PageCounter:
+    """The part of HiCache the no-cache calls use: `alloc` / `free` of anchor pages."""
+
+    anchor, swa_allocator, window_pages = "kv", None, 0
+
+    class layout:
+        page_size = P
+
+    def __init__(self, pages: int):
+        self.free_pages = list(range(pages))
+        self.acquires = 0
+
+    def alloc(self, pages, swa_pages=0):
+        if pages > len(self.free_pages):
+            return None
+        got, self.free_pages = self.free_pages[:pages], self.free_pages[pages:]
+        return {"kv": np.asarray(got, np.int32)}
+
+    def free(self, allocator, pages):
+        assert not set(pages) & set(self.free_pages), "freed twice"
+        self.free_pages += list(pages)
+
+
+class CountingCalls(CacheCalls):
+    def acquire(self, prompts):
+        self.cache.acquires += 1
+        return super().acquire(prompts)
+
+
+def jobs(n: int, prompt: int = 8, gen: int = 4) -> list[Job]:
+    return [Job(i, 0.0, np.arange(1, prompt + 1, dtype=np.int32), gen) for i in range(n)]
+
+
+def step(sched: Scheduler) -> list[int]:
+    batch = sched.schedule()
+    n = len(batch)
+    sched.advance(batch, np.full(n, 7), np.zeros(n, np.uint32), None)
+    return [s.job.index for s in batch]
+
+
+def test_the_newest_is_preempted_and_comes_back_first():
+    cache = PageCounter(6)
+    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3)
+    for j in jobs(3):
+        sched.arrive(j)
+    assert step(sched) == [0, 1, 2] and len(cache.free_pages) == 3     # one page each: the first chunk
+    assert step(sched) == [0, 1, 2] and len(cache.free_pages) == 0     # prompts done: first tokens
+    # every decode needs a third page, none is free: the newest leaves, its 2 pages go to the others
+    assert step(sched) == [0, 1] and sched.preemptions == 1
+    assert [s.job.index for s in sched.waiting] == [2] and len(sched.waiting[0].tokens) == 1
+    assert sched.waiting[0].placement is None and len(cache.free_pages) == 0
+
+
+def test_admission_is_fifo_and_waits_for_a_sequence_to_finish():
+    cache = PageCounter(6)
+    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3)
+    for j in jobs(4, prompt=8, gen=1):
+        sched.arrive(j)
+    assert step(sched) == [0, 1, 2] and cache.acquires == 1           # one acquire for the three
+    assert step(sched) == [0, 1, 2]                                    # all three finish: 6 pages back
+    assert sched.running == [] and len(cache.free_pages) == 6
+    assert step(sched) == [3] and cache.acquires == 2
+
+
+def test_a_blocked_queue_head_is_not_asked_again_until_a_sequence_finishes():
+    """Two requests of 5 pages on a 5-page device: the newer is preempted whenever the older
+    grows; admitted again while a page is free, refused once none is, and then not asked
+    again (no `acquire`) until the older one finishes."""
+    cache = PageCounter(5)
+    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=4)
+    for j in jobs(2, prompt=16, gen=4):
+        sched.arrive(j)
+    trail = []
+    while sched.busy:
+        batch = step(sched)
+        trail.append((batch, cache.acquires, sched.preemptions))
+    assert trail[:8] == [([0, 1], 1, 0), ([0, 1], 1, 0),
+                         ([0, 1], 2, 1),     # 1 preempted by 0's third page, admitted again on the free one
+                         ([0, 1], 3, 2),     # again
+                         ([0], 4, 3),        # preempted, and refused: no page left
+                         ([0], 4, 3), ([0], 4, 3),   # blocked: not asked while 0 decodes
+                         ([1], 5, 3)]        # 0 finished: 1 is admitted
+    assert len(cache.free_pages) == 5
