@@ -38,7 +38,6 @@ are compared exactly with what was written (every pool, every layer).
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import pathlib
 import sys
@@ -192,7 +191,7 @@ class Bench:
     def round(self, scenario: str) -> dict:
         args, cache = self.args, self.cache
         pace = args.pace_mib << 20 if scenario == "paced" else None
-        cache.config = dataclasses.replace(cache.config, backup_bytes_per_step=pace)
+        cache.pace_backups(pace)
         before = cache.stats()
         times, step_calls, inserts, in_flight = [], [], [], []
         flying, puts = 0, []

@@ -20,6 +20,7 @@ per iteration.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -324,6 +325,14 @@ class HiCache:
                                                          "num_pages"))
         self._flush_demotions()
         return self._checked(res)
+
+    def pace_backups(self, bytes_per_step: int | None) -> None:
+        """From now on, cut write-through backups into pieces of at most `bytes_per_step` and
+        send that much per `step()` (None: whole batches, at once); see `TransferConfig`."""
+        if bytes_per_step is not None:
+            validate.count("bytes_per_step", bytes_per_step, minimum=1)
+        transfer = dataclasses.replace(self.config.transfer, backup_bytes_per_step=bytes_per_step)
+        self.config = dataclasses.replace(self.config, transfer=transfer)
 
     # -- the step boundary ------------------------------------------------------------------
     def step(self) -> StepReport:

@@ -115,7 +115,6 @@ def test_unreachable_storage_is_one_warning_then_serving(tmp_path):
     assert p.returncode == 0 and json.loads(p.stdout.splitlines()[-1])["identical"] is True
     assert len(lines) == 1 and "L3 storage degraded" in lines[0] and url in lines[0], p.stderr
     assert "cannot reach mooncake_master" in lines[0]
-    # a retry budget keeps trying that long, then the same one line
-    p, longer = run(DECODE, "--storage", url, "--storage-retry-s", "3", *small, cwd=tmp_path)
+    # a retry budget (how long it keeps trying: tests/cache/test_storage_tier.py), then the same one line
+    p, _ = run(DECODE, "--storage", url, "--storage-retry-s", "1", *small, cwd=tmp_path)
     assert p.returncode == 0 and len(p.stderr.strip().splitlines()) == 1
-    assert longer > seconds + 2
