@@ -201,7 +201,7 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
             landed_on.add(int(prefix.device_pages[0]))
             cache.unlock(prefix.lock)
             release_pages(cache, held)
-            assert (prefix.total_len if how == "load_back" else prefix.length) == pages * layout.page_size
+            assert prefix.length == pages * layout.page_size
             ref = contiguous()
             if r:
                 rows.append((how, took, ref, parts))

@@ -8,7 +8,7 @@ take about as long as the load. Measured in one process, rounds interleaved, med
     compute   the step alone
     serial    `acquire`, then the step: a blocking load-back (time to first token)
     cache     `acquire(deferred=True)` on a cache of that many layer groups, then the step
-              lands the prefix itself, `Landing.lander().before_layer` before each layer
+              lands the prefix itself, `Landing.schedule().before_layer` before each layer
               (the overlapped path of the cache; bytes checked after the rounds)
     whole     the step's jit takes the prefix as one pinned-host array per layer group and
               moves each with `jax.device_put(h, Device)` before that group's layers
@@ -86,12 +86,12 @@ class Step:
         """The step landing a deferred load: before each layer its group, then one element
         of that layer's slot of `pool` (a pool with a slot per layer) feeds the activations."""
         def step(x, pools, landing):
-            lander = landing.lander(lead)
+            schedule = landing.schedule(lead)
             for layer in range(self.layers):
-                pools, x = lander.before_layer(layer, pools, x)
+                pools, x = schedule.before_layer(layer, pools, x)
                 x = self.use(x, pools[pool][layer, :1])
                 x = self.layer(x)
-            return x, lander.finish(pools)
+            return x, schedule.finish(pools)
         return jax.jit(step, donate_argnums=1)
 
     def plain(self):
@@ -255,7 +255,7 @@ def main():
     ap.add_argument("--config", default="deepseek_v4_flash", help="model config (configs/NAME.json): the pools")
     ap.add_argument("--pages", type=int, default=256, help="kv pages of the host hit that is loaded")
     ap.add_argument("--groups", default="43,11", help="layer groups, comma-separated (one run each)")
-    ap.add_argument("--leads", default="1", help="groups a landing's copies run ahead (Landing.lander), comma-separated")
+    ap.add_argument("--leads", default="1", help="groups a landing's copies run ahead (Landing.schedule), comma-separated")
     ap.add_argument("--tokens", type=int, default=2048, help="rows of each layer's matmuls")
     ap.add_argument("--hidden", type=int, default=4096, help="width of each layer's matmuls")
     ap.add_argument("--reps", type=int, default=7, help="timed repetitions of each variant (medians reported)")

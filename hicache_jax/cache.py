@@ -33,7 +33,7 @@ from hicache_jax import cache_snapshot, validate
 from hicache_jax.config import HiCacheConfig
 from hicache_jax.layout import PoolLayout
 from hicache_jax.flights import Flights
-from hicache_jax.metrics import CacheStats, StatsCollector, Tally, snapshot
+from hicache_jax.metrics import CacheStats, StatsCollector, TransferCounters, snapshot
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.storage import StorageBackend
@@ -79,18 +79,17 @@ class HiCache:
             log.warning("layer_groups=%d on a GPU: deferred load-backs move as blocking ones here "
                         "(a step landing grouped parts is not bit-identical on this backend yet)",
                         config.transfer.layer_groups)
-        self.tally = Tally()
-        self._flights = Flights(layout, self.core, self.engine, self.tally, clock, config.transfer.timeout_s,
+        self.counters = TransferCounters()
+        self._flights = Flights(layout, self.core, self.engine, self.counters, clock, config.transfer.timeout_s,
                                 on_acked=self._acked, pools=lambda: self._pools,
                                 set_pools=self.set_device_pools)
-        self._requested_tokens = 0
         self._storage = None
         if storage is not None or config.storage.enabled:
             backend = storage if storage is not None else open_store(config.storage)
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
             self._storage = StorageLink(layout, config, self.core, self.engine, backend, tp)
         self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(StatsCollector(self.stats, lambda: self.tally.settled().durations,
+        self.registry.register(StatsCollector(self.stats, lambda: self.counters.settled().durations,
                                               tuple(p.name for p in layout.byte_pools)))
 
     # -- what a serving loop needs to know --------------------------------------------------
@@ -138,7 +137,7 @@ class HiCache:
 
     def set_device_pools(self, pools: Mapping[str, jax.Array], landed=None) -> None:
         """Adopt the pools a jitted step returned; wrong pools raise ValueError, nothing changes.
-        `landed`: the `Landing` of a deferred load that this step landed (`Landing.lander`)."""
+        `landed`: the `Landing` of a deferred load that this step landed (`Landing.schedule`)."""
         self.engine.check_device_pools(pools)
         if landed is not None:
             self._flights.landed(landed, next(iter(pools.values())))
@@ -149,8 +148,8 @@ class HiCache:
         """The longest usable prefix on device, and how much more a load-back would bring."""
         tokens = as_tokens(tokens)
         m = self.core.match_prefix(tokens)
-        self._requested_tokens += len(tokens)
-        self.tally.device_hit_tokens += m.device_len
+        self.counters.requested_tokens += len(tokens)
+        self.counters.device_hit_tokens += m.device_len
         return self._checked(m)
 
     def load_back(self, match: MatchResult, deferred: bool = False) -> LoadBack:
@@ -168,7 +167,7 @@ class HiCache:
         """`load_back`; when `patient`, backups in flight that pin the room it needs are
         waited for rather than refused."""
         if not deferred:   # a large block starts its copy while the tree plans
-            self.engine.prefetch(self.anchor, match.host_len // self.layout.page_size,
+            self.engine.copy_early(self.anchor, match.host_len // self.layout.page_size,
                                  lambda: self.core.anchor_host_pages(match))
         job = self.core.start_load(match)
         self._flush_demotions()
@@ -177,10 +176,10 @@ class HiCache:
             self._flush_demotions()
         if not isinstance(job, LoadJob):
             return self._checked(self._refused(match, job))
-        if not self._start(job.transfer, job.plan, host_tokens=job.total_len - match.device_len, deferred=deferred):
+        if not self._start(job.transfer, job.plan, host_tokens=job.length - match.device_len, deferred=deferred):
             self.core.unlock(job.lock)
             return self._checked(self._refused(match, Refusal.FAILED))
-        return self._checked(LoadBack(job.load_id, None, job.total_len, job.loaded_tokens, job.device_pages,
+        return self._checked(LoadBack(job.load_id, None, job.length, job.loaded_tokens, job.device_pages,
                                       job.window_pages.get(self._swa, _EMPTY), job.node, job.lock,
                                       self._flights.landing(job.transfer)))
 
@@ -218,10 +217,10 @@ class HiCache:
             if lb.started and ((deferred and lb.landing is not None) or self.wait(lb)):
                 self.unlock(lock)
                 page = self.layout.page_size
-                from_storage = max(0, min(lb.total_len, fetched[1] * page) - fetched[0] * page)
-                self.tally.storage_hit_tokens += from_storage
-                return Prefix(lb.total_len, lb.device_pages, lb.swa_pages, lb.lock, m.device_len,
-                              lb.total_len - m.device_len, storage_tokens=from_storage, landing=lb.landing)
+                from_storage = max(0, min(lb.length, fetched[1] * page) - fetched[0] * page)
+                self.counters.storage_hit_tokens += from_storage
+                return Prefix(lb.length, lb.device_pages, lb.swa_pages, lb.lock, m.device_len,
+                              lb.length - m.device_len, storage_tokens=from_storage, landing=lb.landing)
             if lb.started:
                 self.unlock(lb.lock)
             refused = lb.refused or Refusal.FAILED
@@ -364,7 +363,7 @@ class HiCache:
         return cache_snapshot.save(self, directory, overwrite)
 
     def restore_snapshot(self, directory) -> int:
-        """Bring a snapshot of a cache of the same layout (and `storage_model_id`) into this
+        """Bring a snapshot of a cache of the same layout (and `StorageConfig.model_id`) into this
         one, which must be empty: its prefixes come back host-only. Returns the nodes restored."""
         return self._checked(cache_snapshot.restore(self, directory))
 
@@ -394,7 +393,7 @@ class HiCache:
     def stats(self) -> CacheStats:
         """A frozen snapshot of every number this cache counts (the same as `metrics_text`)."""
         in_flight = self._in_flight()
-        return snapshot(self.layout, self.core, self.tally, self._requested_tokens,
+        return snapshot(self.layout, self.core, self.counters,
                         {d.value: sum(t.direction is d for t in in_flight) for d in Direction},
                         self._storage.stats() if self._storage is not None else None, self.engine.host.block_counts())
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 import jax
 
 from hicache_jax.layout import PoolLayout
-from hicache_jax.metrics import FailureCause, Tally
+from hicache_jax.metrics import FailureCause, TransferCounters
 from hicache_jax.plan import Direction, TransferPlan, split_plan
 from hicache_jax.transfer import Handle, TransferEngine
 from hicache_jax.tree import NodeId, TransferId, TreeCore
@@ -44,11 +44,11 @@ class _Flight:
 
 
 class Flights:
-    def __init__(self, layout: PoolLayout, core: TreeCore, engine: TransferEngine, tally: Tally,
+    def __init__(self, layout: PoolLayout, core: TreeCore, engine: TransferEngine, counters: TransferCounters,
                  clock: Callable[[], float], timeout_s: float, on_acked: Callable[[list[NodeId]], None],
                  pools: Callable[[], Mapping[str, jax.Array]],
                  set_pools: Callable[[Mapping[str, jax.Array]], None]):
-        self._layout, self._core, self._engine, self._tally = layout, core, engine, tally
+        self._layout, self._core, self._engine, self._counters = layout, core, engine, counters
         self._clock, self._timeout_s, self._on_acked, self._pools = clock, timeout_s, on_acked, pools
         self._set_pools = set_pools
         self._flights: dict[TransferId, _Flight] = {}
@@ -97,7 +97,7 @@ class Flights:
             for h in flight.handles:
                 if _pending(h) is landing:
                     h.landed(token)
-                    self._tally.landings["step"] += 1
+                    self._counters.landings["step"] += 1
                     return
         raise ValueError("landed= names no deferred load waiting for a step (already landed, failed, or "
                          "not from this cache)")
@@ -110,7 +110,7 @@ class Flights:
                 self._set_pools(pools)
                 self._cache_landed.add(h.landing)
                 h.landed(next(iter(pools.values())))
-                self._tally.landings["cache"] += 1
+                self._counters.landings["cache"] += 1
 
     def take_failure(self, load_id: int) -> bool:
         """True, once, if the started load `load_id` failed."""
@@ -196,14 +196,14 @@ class Flights:
         else:
             self._core.finish_load(tid.number)
         seconds = flight.seconds()
-        self._tally.record(tid.direction, flight.plan, self._layout, flight.host_tokens,
+        self._counters.record(tid.direction, flight.plan, self._layout, flight.host_tokens,
                            seconds if seconds is not None else self._clock() - flight.started)
         return True
 
     def _fail(self, tid: TransferId, cause: FailureCause) -> None:
         """The tree takes the transfer back (its nodes return to a consistent state); counted."""
         (self._core.fail_backup if tid.direction is Direction.BACKUP else self._core.fail_load)(tid.number)
-        self._tally.failures[(tid.direction.value, cause.value)] += 1
+        self._counters.failures[(tid.direction.value, cause.value)] += 1
         if tid.direction is Direction.LOAD and cause is not FailureCause.START:
             self._failed_loads.add(tid.number)
 

@@ -1,6 +1,6 @@
 """What the cache counts, as a frozen snapshot (`CacheStats`) and as Prometheus metrics.
 
-`Tally` is the controller's mutable record; `CacheStats` is an immutable copy of it plus
+`TransferCounters` is the controller's mutable record; `CacheStats` is an immutable copy of it plus
 the tier gauges; `StatsCollector` renders a snapshot as `hicache_*` metric families, so
 `stats()` and the Prometheus exposition can never disagree. Every pool with bytes gets
 its own label, sidecars and state pools included (their traffic is bytes and tokens on
@@ -33,9 +33,12 @@ class FailureCause(enum.StrEnum):
 
 
 @dataclasses.dataclass
-class Tally:
-    """Mutable counters kept by the controller (one per cache)."""
+class TransferCounters:
+    """What one cache counts as it serves (the one owner of these numbers; `CacheStats` is
+    their frozen snapshot): tokens asked for and where they were found, and per pool the
+    tokens and bytes each completed transfer moved."""
 
+    requested_tokens: int = 0         # prompt tokens matched
     device_hit_tokens: int = 0
     host_hit_tokens: int = 0
     storage_hit_tokens: int = 0       # of the host hits, tokens just prefetched from storage
@@ -45,7 +48,7 @@ class Tally:
     load_bytes: Counter = dataclasses.field(default_factory=Counter)
     transfers: Counter = dataclasses.field(default_factory=Counter)       # direction -> completed
     failures: Counter = dataclasses.field(default_factory=Counter)        # (direction, cause) -> count
-    landings: Counter = dataclasses.field(default_factory=Counter)        # deferred loads by lander: step | cache
+    landings: Counter = dataclasses.field(default_factory=Counter)        # deferred loads by who landed them: step | cache
     durations: dict = dataclasses.field(default_factory=dict)             # direction -> [bucket counts..., sum]
     # completed transfers not counted yet: the counting runs when something reads (`settled`)
     # or every `SETTLE_EVERY` records, not on the serving path (5-8 us of a one-page hit)
@@ -60,8 +63,8 @@ class Tally:
         if len(self._done) >= self.SETTLE_EVERY:
             self.settled()
 
-    def settled(self) -> Tally:
-        """This tally with every recorded transfer counted: read the counters through it."""
+    def settled(self) -> TransferCounters:
+        """These counters with every recorded transfer counted: read them through this."""
         done, self._done = self._done, []
         for record in done:
             self._count(*record)
@@ -182,13 +185,13 @@ class StatsCollector:
             yield from metric_families(s.storage)
 
 
-def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mapping[str, int],
+def snapshot(layout, core, counters: TransferCounters, in_flight: Mapping[str, int],
              storage: StorageStats | None = None,
              host_blocks: Mapping[str, tuple[int, int]] | None = None) -> CacheStats:
-    """Build a `CacheStats` from the controller's tally and the tree core's counters;
+    """Build a `CacheStats` from the cache's counters and the tree core's;
     `host_blocks`: allocator -> (rows its blocks hold, pages compaction moved)."""
     stats = core.stats
-    tally = tally.settled()
+    counters = counters.settled()
     dropped: dict[str, dict[str, int]] = {}
     for p in layout.byte_pools:
         reasons = {str(r): v for (a, r), v in stats.dropped.items() if a == p.allocator and v}
@@ -202,18 +205,18 @@ def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mappi
         host_cap[p.name] = h.capacity * per_page
         dev_used[p.name] = (d.capacity - d.num_free) * per_page
         dev_cap[p.name] = d.capacity * per_page
-    durations = {d: (sum(c[:-1]), c[-1]) for d, c in tally.durations.items()}
+    durations = {d: (sum(c[:-1]), c[-1]) for d, c in counters.durations.items()}
     return CacheStats(
-        device_hit_tokens=tally.device_hit_tokens,
-        host_hit_tokens=tally.host_hit_tokens,
-        storage_hit_tokens=tally.storage_hit_tokens,
-        miss_tokens=max(0, requested_tokens - tally.device_hit_tokens - tally.host_hit_tokens),
-        backup_tokens=dict(tally.backup_tokens), backup_bytes=dict(tally.backup_bytes),
-        load_tokens=dict(tally.load_tokens), load_bytes=dict(tally.load_bytes),
+        device_hit_tokens=counters.device_hit_tokens,
+        host_hit_tokens=counters.host_hit_tokens,
+        storage_hit_tokens=counters.storage_hit_tokens,
+        miss_tokens=max(0, counters.requested_tokens - counters.device_hit_tokens - counters.host_hit_tokens),
+        backup_tokens=dict(counters.backup_tokens), backup_bytes=dict(counters.backup_bytes),
+        load_tokens=dict(counters.load_tokens), load_bytes=dict(counters.load_bytes),
         dropped_tokens=dropped,
         evicted_tokens={"device": stats.evicted[Tier.DEVICE], "host": stats.evicted[Tier.HOST]},
-        transfers=dict(tally.transfers),
-        failures={f"{d}/{c}": v for (d, c), v in tally.failures.items()},
+        transfers=dict(counters.transfers),
+        failures={f"{d}/{c}": v for (d, c), v in counters.failures.items()},
         load_refusals={r.value: v for r, v in stats.refusals.items() if v},
         durations=durations,
         host_used_bytes=host_used, host_capacity_bytes=host_cap,
@@ -224,5 +227,5 @@ def snapshot(layout, core, tally: Tally, requested_tokens: int, in_flight: Mappi
         host_held_bytes={p.name: host_blocks[p.allocator][0] * p.num_layers * p.page_bytes
                          for p in layout.byte_pools if host_blocks and p.allocator in host_blocks},
         host_compacted_pages={a: moved for a, (_, moved) in (host_blocks or {}).items()},
-        deferred_loads=dict(tally.landings),
+        deferred_loads=dict(counters.landings),
     )

@@ -13,7 +13,7 @@ from hicache_jax.tree import LockId, NodeId, Refusal, TransferId
 class LoadBack:
     """The outcome of `load_back`.
 
-    Started: `total_len` tokens are usable once `wait(...)` (or a `step()` reporting
+    Started: `length` tokens are usable once `wait(...)` (or a `step()` reporting
     `"load:<load_id>"`) says it landed, and `lock` pins them, from the start, until the
     caller's `unlock(lock)`: whatever else the loop does meanwhile, `device_pages` (anchor
     pages of the whole prefix) and `swa_pages` (SWA pages of its trailing window) stay
@@ -27,7 +27,7 @@ class LoadBack:
 
     load_id: int | None
     refused: Refusal | None
-    total_len: int
+    length: int
     loaded_tokens: int
     device_pages: np.ndarray
     swa_pages: np.ndarray

@@ -49,7 +49,7 @@ class GemmaModel(ChunkModel):
 
     def _forward(self, params, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits, landing):
         if landing is not None:   # lands the whole load before the first layer (no per-layer hook here)
-            pools = landing.lander().finish(pools)
+            pools = landing.schedule().finish(pools)
         chunk = Chunk.make(self.page_size, anchor_pages, swa_pages, start, valid, rows=self.chunk_size)
         module = nnx.merge(self._graph, params)
         pools, logits = module(dict(pools), chunk, jnp.clip(tokens, 0, self.vocab_size - 1), want_logits)

@@ -13,7 +13,7 @@ kv-indexed pools, SWA page for SWA-indexed ones) and reads earlier pages only wh
 position masks admit them; other table entries may name any page holding any bytes.
 
 `landing=` (a deferred load-back's `hicache_jax.Landing`) is landed inside the same jit,
-each layer group just before the first layer that reads it (`Lander.before_layer`), so
+each layer group just before the first layer that reads it (`LandingSchedule.before_layer`), so
 the copy of a prefix from the host runs under the chunk's compute.
 
 A batched serving loop runs several sequences in one program:
@@ -73,9 +73,9 @@ class ChunkModel:
     """Base class: argument checks, the single jit, and the two entry points.
 
     Subclasses set `self.params` in `__init__` (after calling this one) and implement
-    `_chunk(params, pools, chunk, tokens, lander) -> (pools, logits f32[page_size, vocab])`,
-    calling `pools, x = lander.before_layer(layer, pools, x)` before each layer when
-    `lander` is not None.
+    `_chunk(params, pools, chunk, tokens, schedule) -> (pools, logits f32[page_size, vocab])`,
+    calling `pools, x = schedule.before_layer(layer, pools, x)` before each layer when
+    `schedule` is not None.
     """
 
     def __init__(self, layout: PoolLayout, max_pages: int, chunk_size: int | None = None):
@@ -160,17 +160,17 @@ class ChunkModel:
 
     # ---- internals ----------------------------------------------------------------------
 
-    def _chunk(self, params, pools, chunk: Chunk, tokens, lander):
+    def _chunk(self, params, pools, chunk: Chunk, tokens, schedule):
         raise NotImplementedError
 
     def _forward(self, params, pools, anchor_pages, swa_pages, tokens, start, valid, want_logits, landing):
         # the tiny models compute every row's logits (cheap): `want_logits` is not needed
         chunk = Chunk.make(self.page_size, anchor_pages, swa_pages, start, valid, rows=self.chunk_size)
         tokens = jnp.clip(tokens, 0, self.vocab_size - 1)  # padding may hold anything
-        lander = landing.lander() if landing is not None else None
-        pools, logits = self._chunk(params, pools, chunk, tokens, lander)
-        if lander is not None:
-            pools = lander.finish(pools)
+        schedule = landing.schedule() if landing is not None else None
+        pools, logits = self._chunk(params, pools, chunk, tokens, schedule)
+        if schedule is not None:
+            pools = schedule.finish(pools)
         last = jax.lax.dynamic_index_in_dim(logits, valid - 1, axis=0, keepdims=False)
         return pools, logits, last
 

@@ -71,12 +71,12 @@ class DeepSeekModel(ChunkModel):
             params["layers"].append(lp)
         return params
 
-    def _chunk(self, params, pools, chunk: Chunk, tokens, lander):
+    def _chunk(self, params, pools, chunk: Chunk, tokens, schedule):
         x = params["embed"][tokens]                       # f32[P, D]
         topk: dict[int, tuple] = {}                       # index-source layer -> (idx, selected)
         for plan, lp in zip(self.plans, params["layers"]):
-            if lander is not None:                        # a deferred load: this layer's groups land
-                pools, x = lander.before_layer(plan.layer, pools, x)
+            if schedule is not None:                        # a deferred load: this layer's groups land
+                pools, x = schedule.before_layer(plan.layer, pools, x)
             pools, attn = self._attention(plan, lp, pools, chunk, L.rmsnorm(x, lp["attn_norm"]), topk)
             x = x + attn
             x = x + L.swiglu(lp["mlp"], L.rmsnorm(x, lp["mlp_norm"]))

@@ -48,12 +48,12 @@ class GQAModel(ChunkModel):
             })
         return params
 
-    def _chunk(self, params, pools, chunk: Chunk, tokens, lander):
+    def _chunk(self, params, pools, chunk: Chunk, tokens, schedule):
         x = params["embed"][tokens]
         pools = dict(pools)
         for layer, lp in enumerate(params["layers"]):
-            if lander is not None:                        # a deferred load: this layer's groups land
-                pools, x = lander.before_layer(layer, pools, x)
+            if schedule is not None:                        # a deferred load: this layer's groups land
+                pools, x = schedule.before_layer(layer, pools, x)
             pool, attn = self._attention(layer, lp, pools[self.kv.name], chunk, L.rmsnorm(x, lp["attn_norm"]))
             pools[self.kv.name] = pool
             x = x + attn

@@ -148,10 +148,10 @@ class Instance:
             if isinstance(job, LoadJob):
                 now = xfer.load(job, now)
                 core.unlock(lock)
-                lock, length, table = job.lock, job.total_len, job.device_pages
+                lock, length, table = job.lock, job.length, job.device_pages
                 window = job.window_pages.get(self._swa, _EMPTY) if self._swa else _EMPTY
-                storage = max(0, min(job.total_len, fetched[1] * page) - fetched[0] * page)
-                hit = (m.device_len, job.total_len - m.device_len - storage, storage)
+                storage = max(0, min(job.length, fetched[1] * page) - fetched[0] * page)
+                hit = (m.device_len, job.length - m.device_len - storage, storage)
         first, total = length // page, -(-len(tokens) // page)
         need = {core.anchor: total - first}
         if self._swa:

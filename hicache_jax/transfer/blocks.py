@@ -5,7 +5,7 @@ Host pages live in pinned blocks (`HostTier`): a load chunk that is exactly one 
 moves whole (`WholeBlock`), or from the device copy an early copy program of that block
 started (`EarlyCopy`); any other chunk gathers its rows block by block (`Pieces`, see
 moves.py). An early copy starts when the tree is about to plan a load
-(`prefetch`) or first thing in the load's `start`, so the copy engine moves the block while
+(`copy_early`) or first thing in the load's `start`, so the copy engine moves the block while
 Python checks and dispatches; it costs a device copy of the block until it is unpacked.
 The copy is a program that takes only the block (`Program.COPY`): no page index to hand
 over, so its DMA starts at once, and its call costs less host time than `jax.device_put`.
@@ -47,14 +47,14 @@ class HostBlocks:
         self.early_bytes = early_copy_bytes
         self.landing_rows = landing_rows      # {allocator: block sizes (rows) a step may land}
         # by id(block): (block, device copy); holding the block keeps its id from being reused
-        self._prefetched: dict[int, tuple[jax.Array, jax.Array]] = {}
+        self._early: dict[int, tuple[jax.Array, jax.Array]] = {}
 
     # -- early copies ------------------------------------------------------------------------
     def early(self, progs: AllocatorPrograms, pages: int) -> bool:
         """Whether a whole-block load chunk of `pages` pages moves by an early copy."""
         return not progs.broadcast_load and pages * progs.fmt.row_bytes >= self.early_bytes
 
-    def prefetch(self, allocator: str, num_pages: int, host_pages: Callable[[], np.ndarray | None]) -> bool:
+    def copy_early(self, allocator: str, num_pages: int, host_pages: Callable[[], np.ndarray | None]) -> bool:
         """Start copying `allocator`'s host pages to the device ahead of the load that will
         move them, when they are one whole block of at least `early_bytes`: `num_pages` says
         how many the load will move (smaller loads return at once), `host_pages()` which
@@ -68,15 +68,15 @@ class HostBlocks:
             return False
         if not (np.diff(pages) == 1).all():
             return False
-        return self._copy(allocator, int(pages[0]), int(pages.size), self._prefetched)
+        return self._copy(allocator, int(pages[0]), int(pages.size), self._early)
 
     def early_copies(self, plan: TransferPlan) -> dict[int, tuple[jax.Array, jax.Array]]:
         """The early copies a load plan uses, `{id(block): (block, device copy)}`: those
-        `prefetch` started, and a new one for every large one-block batch without one. A
+        `copy_early` started, and a new one for every large one-block batch without one. A
         plan that would not pass the checks starts nothing new (`check_plan` names it)."""
         if getattr(plan, "direction", None) is not Direction.LOAD:
             return {}
-        copies, self._prefetched = self._prefetched, {}
+        copies, self._early = self._early, {}
         try:
             for batch in plan.batches:
                 if len(batch.host_runs) == 1 and batch.host_runs[0].length == batch.num_pages:

@@ -287,9 +287,9 @@ class TransferEngine:
         progs = self._allocator(allocator)
         self._blocks.write_rows(progs, self._blocks.checked_pages(progs, host_pages), np.asarray(rows))
 
-    def prefetch(self, allocator: str, num_pages: int, host_pages) -> bool:
-        """Start copying host pages to the device ahead of their load (see `HostBlocks.prefetch`)."""
-        return self._blocks.prefetch(allocator, num_pages, host_pages)
+    def copy_early(self, allocator: str, num_pages: int, host_pages) -> bool:
+        """Start copying host pages to the device ahead of their load (see `HostBlocks.copy_early`)."""
+        return self._blocks.copy_early(allocator, num_pages, host_pages)
 
     def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
         """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""
@@ -405,7 +405,7 @@ class TransferEngine:
 @functools.partial(jax.jit, donate_argnums=0)
 def _land_all(pools: dict, landing: Landing) -> dict:
     """Every group of `landing` written into `pools`, in one program (shared by every engine)."""
-    return landing.lander().finish(pools)
+    return landing.schedule().finish(pools)
 
 
 def _floor_pow2(n: int) -> int:

@@ -10,11 +10,11 @@ first layer that reads it:
 
     @jax.jit                                  # donate the pools
     def step(pools, x, landing):
-        lander = landing.lander()
+        schedule = landing.schedule()
         for layer in range(num_layers):
-            pools, x = lander.before_layer(layer, pools, x)
+            pools, x = schedule.before_layer(layer, pools, x)
             x, pools = model_layer(layer, x, pools)
-        return lander.finish(pools), x
+        return schedule.finish(pools), x
 
 Inside the jit, `before_layer` moves a group's blocks with `jax.device_put(block, Device)`
 (a whole pinned array: a DMA on a copy engine, beside the compute) and scatters them into
@@ -89,12 +89,12 @@ class Landing:
             raise ValueError(f"layer {layer} is outside the model's {len(needed)} layers")
         return needed[layer]
 
-    def lander(self, lead: int = 1) -> "Lander":
+    def schedule(self, lead: int = 1) -> "LandingSchedule":
         """The helper a jitted step lands this load with (module docstring); `lead`: groups
         whose copies run ahead of the group being computed."""
         if isinstance(lead, bool) or not isinstance(lead, int) or lead < 0:
             raise ValueError(f"lead must be an int >= 0, got {lead!r}")
-        return Lander(self, lead)
+        return LandingSchedule(self, lead)
 
     def land_part(self, pools: dict, group: int, moved: Sequence) -> dict:
         """`pools` with every chunk's part of `group` (moved to the device: `moved`) scattered in."""
@@ -118,7 +118,7 @@ class Landing:
         return out
 
 
-class Lander:
+class LandingSchedule:
     """Lands a `Landing` inside one trace of a jitted step (see the module docstring)."""
 
     def __init__(self, landing: Landing, lead: int):

@@ -39,7 +39,7 @@ from hicache_jax.tree.match import MatchResult, as_tokens
 from hicache_jax.tree.matcher import Matcher
 from hicache_jax.tree.node import Node, NodeId
 from hicache_jax.tree.policy import WritePolicy
-from hicache_jax.tree.prefetch import HostFill
+from hicache_jax.tree.prefetch import PrefetchPath
 from hicache_jax.tree.prune import Pruner
 from hicache_jax.tree.radix import RadixTree
 from hicache_jax.tree.results import (AckId, BackupBatch, EvictResult, HostCopy, InsertResult, LoadId, LoadJob, LockId,
@@ -75,7 +75,7 @@ class TreeCore:
         self._inserter = Inserter(comps, tree, ledger, cands, self._writes, clock)
         self._reads = ReadPath(layout, comps, tree, ledger, book, locks, cands, pruner, self._matcher, clock, stats,
                                self._take_device, load_back_threshold, load_cost)
-        self._fill = HostFill(comps, self.policy, tree, ledger, book, locks, cands, self._host_eviction, clock, stats,
+        self._fill = PrefetchPath(comps, self.policy, tree, ledger, book, locks, cands, self._host_eviction, clock, stats,
                               prefetch_share)
 
     @property
@@ -202,7 +202,7 @@ class TreeCore:
     def attach_host(self, tokens, start: int, host_pages: Mapping[str, np.ndarray],
                     logical_pages: Mapping[str, np.ndarray]) -> tuple[int, int]:
         """Give host pages already holding `tokens`' pages from `start` on to the tree (see
-        `HostFill.attach`); every page it does not attach is freed."""
+        `PrefetchPath.attach`); every page it does not attach is freed."""
         return self._fill.attach(as_tokens(tokens), start, dict(host_pages), dict(logical_pages))
 
     def take_host(self, need: Mapping[str, int]) -> dict[str, np.ndarray] | None:

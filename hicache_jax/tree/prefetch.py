@@ -1,4 +1,4 @@
-"""`HostFill`: pages that reach the host tier from below it (L3 prefetch, snapshot restore),
+"""`PrefetchPath`: pages that reach the host tier from below it (L3 prefetch, snapshot restore),
 and host copies handed down to it.
 
 A prefetch extends the tree's coverage of a prompt with pages the storage tier holds:
@@ -33,7 +33,7 @@ from hicache_jax.tree.results import HostCopy, PrefetchId, PrefetchJob, Prefetch
 from hicache_jax.tree.state import HOLDS_HOST, HOST, HOST_DURABLE, Residency, Tier
 
 
-class HostFill:
+class PrefetchPath:
     def __init__(self, components: Components, policy: WritePolicy, tree: RadixTree, ledger: PageLedger,
                  book: TransferBook, locks: LockTable, candidates: EvictionCandidates, host_eviction: HostEviction,
                  clock: LogicalClock, stats: TreeStats, share: float):

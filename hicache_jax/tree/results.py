@@ -110,14 +110,14 @@ class BackupBatch:
 @dataclasses.dataclass(frozen=True, eq=False)
 class LoadJob:
     """A started load-back. `device_pages`: anchor device pages of the whole matched prefix
-    (i32[total_len / page]); `window_pages`: per window allocator, its device pages of the
+    (i32[length / page]); `window_pages`: per window allocator, its device pages of the
     prefix's trailing window; `lock`: the caller's pin on that prefix, held until the
     caller unlocks it."""
 
     load_id: LoadId
     plan: TransferPlan
     node: NodeId
-    total_len: int
+    length: int
     loaded_tokens: int   # FULL tokens moved
     device_pages: np.ndarray
     window_pages: dict[str, np.ndarray]

@@ -40,12 +40,12 @@ def page_bytes(spec, blocks) -> np.ndarray:
 @functools.partial(jax.jit, donate_argnums=0)
 def _land_step(pools, landing):
     """A model step's landing, with no model: every layer's groups in order."""
-    lander = landing.lander()
+    schedule = landing.schedule()
     x = jnp.zeros(())
     for layer in range(landing.layers):
-        pools, x = lander.before_layer(layer, pools, x)
+        pools, x = schedule.before_layer(layer, pools, x)
         x = x + sum(v.reshape(-1)[0].astype(jnp.float32) for v in pools.values())
-    return lander.finish(pools)
+    return schedule.finish(pools)
 
 
 def land_in_step(pools, landing):

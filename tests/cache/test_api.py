@@ -118,7 +118,7 @@ def test_cost_model_skips_loads_slower_than_recompute():
     m = host_hit(cheap)
     assert m.host_len == 3 * P
     lb = cheap.load_back(m)
-    assert lb.refused is hc.tree.Refusal.NOT_WORTH_IT and lb.total_len == m.device_len
+    assert lb.refused is hc.tree.Refusal.NOT_WORTH_IT and lb.length == m.device_len
     assert cheap.stats().load_refusals == {"not_worth_it": 1}
     # at 1 us per token recomputing takes 768 us: the load wins
     costly = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, recompute_seconds_per_token=1e-6))

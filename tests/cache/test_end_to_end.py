@@ -178,7 +178,7 @@ def test_early_copies_serve_the_same_bytes(name):
     early = [k for k in cache.engine.compiled_programs() if "load_block" in k and k.endswith(", 1)")
              or k.startswith("plan:load_block") and ", 1)" in k]
     assert early, sorted(cache.engine.compiled_programs())
-    assert not cache.engine._blocks._prefetched
+    assert not cache.engine._blocks._early
 
 
 @pytest.mark.parametrize("name,tp", [("tiny_gqa", 2), ("tiny_gqa", 4), ("tiny_v4", 2)])

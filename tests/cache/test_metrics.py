@@ -69,20 +69,20 @@ def test_the_tally_counts_every_transfer_when_read_and_keeps_at_most_a_bounded_b
     """Completed transfers are counted when the counters are read (stats, metrics) or every
     `SETTLE_EVERY` records: the counts equal recording them one by one, and the backlog of
     uncounted transfers never grows past the bound."""
-    from hicache_jax.metrics import Tally
+    from hicache_jax.metrics import TransferCounters
     from hicache_jax.plan import Direction, make_plan
     lay = layout("tiny_v4")
     plan = make_plan(lay, "load", {"kv": ([0, 1], [4, 5]), "swa": ([2], [3])})
-    lazy, eager, n = Tally(), Tally(), Tally.SETTLE_EVERY + 3
+    lazy, eager, n = TransferCounters(), TransferCounters(), TransferCounters.SETTLE_EVERY + 3
     for i in range(n):
         lazy.record(Direction.LOAD, plan, lay, 7, 1e-3 * i)
         eager.record(Direction.LOAD, plan, lay, 7, 1e-3 * i)
         eager.settled()
-        assert len(lazy._done) < Tally.SETTLE_EVERY
+        assert len(lazy._done) < TransferCounters.SETTLE_EVERY
     assert len(lazy._done) == 3 and lazy.settled() == eager
     assert lazy.load_bytes == {k: v * n for k, v in plan.pool_bytes(lay).items()}
     assert lazy.host_hit_tokens == 7 * n and lazy.transfers["load"] == n and sum(lazy.durations["load"][:-1]) == n
     cache = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12))
     Driver(cache).request([0, 1, 2])
     cache.drain()
-    assert cache.stats().transfers == {"backup": 1} and cache.tally._done == []   # read: counted
+    assert cache.stats().transfers == {"backup": 1} and cache.counters._done == []   # read: counted

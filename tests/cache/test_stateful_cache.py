@@ -98,7 +98,7 @@ class CacheMachine(RuleBasedStateMachine):
             if c.wait(lb):
                 for op in others:       # after it landed, before the request uses it
                     interleave(op)
-                usable, table, window = lb.total_len, lb.device_pages, lb.swa_pages
+                usable, table, window = lb.length, lb.device_pages, lb.swa_pages
             c.unlock(pin)
             pin = lb.lock
         self.driver.verify(blocks, table, window)

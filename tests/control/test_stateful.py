@@ -88,7 +88,7 @@ class TreeMachine(RuleBasedStateMachine):
             if isinstance(job, LoadJob):
                 self.dispatch(job.plan, "host", "device")
                 self.loads.append(job)
-                table, usable = list(job.device_pages.tolist()), job.total_len
+                table, usable = list(job.device_pages.tolist()), job.length
                 c.unlock(pin)
                 pin = job.lock                  # the load's pin for its caller
         try:

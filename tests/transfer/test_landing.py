@@ -39,11 +39,11 @@ def as_bytes(pools):
 def step_fn(num_layers, lead):
     """A step that lands `landing` before each layer and reads a byte of each pool per layer."""
     def step(pools, x, landing):
-        lander = landing.lander(lead)
+        schedule = landing.schedule(lead)
         for layer in range(num_layers):
-            pools, x = lander.before_layer(layer, pools, x)
+            pools, x = schedule.before_layer(layer, pools, x)
             x = x + sum(v[(layer % v.shape[0],) + (0,) * (v.ndim - 1)].astype(jnp.float32) for v in pools.values())
-        return lander.finish(pools), x
+        return schedule.finish(pools), x
     return jax.jit(step, donate_argnums=0)
 
 
@@ -87,7 +87,7 @@ def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, ke
     again, h = engine.start(make_plan(layout, "load", load), random_pools(engine, 1), deferred=True)
     out = engine.land(h.landing, again)
     assert all(np.array_equal(v, want[k]) for k, v in as_bytes(out).items())
-    jaxpr = jax.make_jaxpr(lambda p, l: l.lander().finish(p))(dict(out), h.landing)
+    jaxpr = jax.make_jaxpr(lambda p, l: l.schedule().finish(p))(dict(out), h.landing)
     assert not host_compute_violations(jaxpr)
 
 
@@ -169,7 +169,7 @@ def test_landing_misuse_is_refused():
     pools, h = engine.start(make_plan(layout, "load", {a: (np.arange(2), np.arange(2)) for a in allocators}), pools,
                             deferred=True)
     with pytest.raises(ValueError, match="lead must be an int"):
-        h.landing.lander(-1)
+        h.landing.schedule(-1)
     with pytest.raises(ValueError, match="layer 99 is outside"):
         h.landing.needed_group(99)
     with pytest.raises(ValueError, match="land takes a Landing"):
@@ -217,12 +217,12 @@ def test_a_landing_never_rebinds_the_activations(groups, lead):
     seen = []
 
     def step(pools, x, landing):
-        lander = landing.lander(lead)
+        schedule = landing.schedule(lead)
         for layer in range(layer_groups.num_model_layers(layout)):
-            pools, y = lander.before_layer(layer, pools, x)
+            pools, y = schedule.before_layer(layer, pools, x)
             seen.append(y is x)
             x = jnp.tanh(x) * 1.5
-        return lander.finish(pools), x
+        return schedule.finish(pools), x
 
     jax.make_jaxpr(step)(pools, jnp.ones(4), h.landing)
     assert seen and all(seen)

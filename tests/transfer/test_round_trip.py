@@ -234,18 +234,18 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
     # `prefetch`: only one whole block, of consecutive pages, is copied ahead; the next
     # load's start takes it (or drops it)
     blocks = t.engine._blocks
-    fetch = lambda pages: t.engine.prefetch(a, n, lambda: pages)
+    fetch = lambda pages: t.engine.copy_early(a, n, lambda: pages)
     assert not fetch(None) and not fetch(run[:-1]) and not fetch(run[::-1]) and not fetch([[1]])
-    assert not t.engine.prefetch("nope", n, lambda: run) and not blocks._prefetched
+    assert not t.engine.copy_early("nope", n, lambda: run) and not blocks._early
     blocks.early_bytes = 10 ** 12                                  # too small a load: never asked for its pages
-    assert not t.engine.prefetch(a, n, lambda: pytest.fail("pages of a small load"))
+    assert not t.engine.copy_early(a, n, lambda: pytest.fail("pages of a small load"))
     blocks.early_bytes = 0
-    assert fetch(run) and len(blocks._prefetched) == 1
+    assert fetch(run) and len(blocks._early) == 1
     t.run("load", {a: (np.arange(n), run)})
-    assert not blocks._prefetched
+    assert not blocks._early
     assert fetch(run)
     t.run("load", {a: (np.arange(1), run[:1])})                  # another load: the copy is dropped
-    assert not blocks._prefetched
+    assert not blocks._early
     before = {k: as_bytes(v).copy() for k, v in t.pools.items()}
     bad = make_plan(t.layout, "load", {a: (np.r_[np.arange(n - 1), DEVICE_PAGES], run)})
     with pytest.raises(ValueError, match="outside"):
