@@ -10,9 +10,9 @@ happen before any later step writes, so no call here blocks on a transfer except
 `drain`, and `acquire` / `alloc` when they come up short while backups are in flight (a
 slow link must not turn into a refusal a fast one would not have given).
 
-Every transfer the tree commits has a `TransferId`; the engine's handle for it is kept
-under that id (`Flights`, flights.py), a prefetch's reads likewise (`StorageLink`), and
-`check_invariants` proves the sets agree.
+Every transfer the tree commits has a `TransferId` and a record in the tree's book, the
+one registry of transfers in flight; what moves it (the engine's handles: `TransferDriver`,
+a prefetch's storage reads: `StorageLink`) is attached to that record and ends with it.
 
 Serving-loop contract (see README): match -> lock -> (load_back -> wait) -> alloc -> model
 steps with `device_pools` / `set_device_pools` -> insert + free -> unlock; `step()` once
@@ -32,13 +32,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from hicache_jax import cache_snapshot, validate
 from hicache_jax.config import HiCacheConfig
 from hicache_jax.layout import PoolLayout
-from hicache_jax.flights import Flights
 from hicache_jax.metrics import CacheStats, StatsCollector, TransferCounters, snapshot
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.storage import StorageBackend
 from hicache_jax.storage_link import StorageLink, open_store
 from hicache_jax.transfer import TransferEngine
+from hicache_jax.transfer_driver import TransferDriver
 from hicache_jax.tree import (EvictResult, InsertResult, LoadCost, LoadJob, LockId, MatchResult, NodeId, Refusal,
                               Tier, TransferId, TreeCore, as_tokens)
 
@@ -80,9 +80,8 @@ class HiCache:
                         "(a step landing grouped parts is not bit-identical on this backend yet)",
                         config.transfer.layer_groups)
         self.counters = TransferCounters()
-        self._flights = Flights(layout, self.core, self.engine, self.counters, clock, config.transfer.timeout_s,
-                                on_acked=self._acked, pools=lambda: self._pools,
-                                set_pools=self.set_device_pools)
+        self._transfers = TransferDriver(layout, self.core, self.engine, self.counters, clock,
+                                         config.transfer.timeout_s)
         self._storage = None
         if storage is not None or config.storage.enabled:
             backend = storage if storage is not None else open_store(config.storage)
@@ -140,7 +139,7 @@ class HiCache:
         `landed`: the `Landing` of a deferred load that this step landed (`Landing.schedule`)."""
         self.engine.check_device_pools(pools)
         if landed is not None:
-            self._flights.landed(landed, next(iter(pools.values())))
+            self._transfers.landed(landed, next(iter(pools.values())))
         self._pools = dict(pools)
 
     # -- read path -------------------------------------------------------------------------
@@ -181,7 +180,7 @@ class HiCache:
             return self._checked(self._refused(match, Refusal.FAILED))
         return self._checked(LoadBack(job.load_id, None, job.length, job.loaded_tokens, job.device_pages,
                                       job.window_pages.get(self._swa, _EMPTY), job.node, job.lock,
-                                      self._flights.landing(job.transfer)))
+                                      self._transfers.landing(job.transfer)))
 
     def acquire(self, tokens, load_back: bool = True, deferred: bool = False) -> Prefix:
         """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
@@ -237,9 +236,9 @@ class HiCache:
         if not load.started:
             return False
         tid = TransferId(Direction.LOAD, load.load_id)
-        if tid in self._flights:
-            self._flights.complete(tid, blocking=True)
-        return not self._flights.take_failure(load.load_id)
+        if tid in self.core.in_flight():
+            self._complete(tid, blocking=True)
+        return not self._transfers.take_failure(load.load_id)
 
     # -- write path and pages -----------------------------------------------------------------
     def alloc(self, pages: int, swa_pages: int = 0) -> dict[str, np.ndarray] | None:
@@ -269,9 +268,9 @@ class HiCache:
         """Dispatch queued backups and wait for all in flight (and the loads, when `loads`:
         their pages are not evictable until they land); False when none was queued or in flight."""
         queued = self._dispatch_backups() is not None
-        waited = [t for t in self._flights.ids() if loads or t.direction is Direction.BACKUP]
+        waited = [t for t in self._transfers.ids() if loads or t.direction is Direction.BACKUP]
         for tid in waited:
-            self._flights.complete(tid, blocking=True)
+            self._complete(tid, blocking=True)
         return queued or bool(waited)
 
     def free(self, allocator: str, pages) -> None:
@@ -337,12 +336,12 @@ class HiCache:
     def step(self) -> StepReport:
         """Dispatch this step's backups (paced: `backup_bytes_per_step`); apply every completed transfer."""
         tokens = self._dispatch_backups() or 0
-        self._flights.pump(self.config.transfer.backup_bytes_per_step)
+        self._transfers.pump(self.config.transfer.backup_bytes_per_step, self._pools)
         completed, failed = [], []
-        for tid in self._flights.ids():
-            ok = self._flights.complete(tid, blocking=False)
-            if ok is not None:
-                (completed if ok else failed).append(tid)
+        for tid in self._transfers.ids():
+            ended = self._complete(tid, blocking=False)
+            if ended is not None:
+                (completed if ended.ok else failed).append(tid)
         for tid in self._storage.in_flight() if self._storage is not None else ():
             if self._storage.finish(tid) is not None:
                 completed.append(tid)
@@ -351,8 +350,8 @@ class HiCache:
     def drain(self) -> None:
         """Dispatch what is queued and wait for every transfer in flight."""
         self._dispatch_backups()
-        for tid in self._flights.ids():
-            self._flights.complete(tid, blocking=True)
+        for tid in self._transfers.ids():
+            self._complete(tid, blocking=True)
         if self._storage is not None:
             self._storage.drain()
         self._checked(None)
@@ -386,13 +385,13 @@ class HiCache:
 
     def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0, piece_bytes: int | None = None,
                deferred: bool = False) -> bool:
-        self._pools, started = self._flights.start(tid, plan, self._pools, host_tokens, piece_bytes, deferred)
+        self._pools, started = self._transfers.start(tid, plan, self._pools, host_tokens, piece_bytes, deferred)
         return started
 
     # -- introspection ------------------------------------------------------------------------
     def stats(self) -> CacheStats:
         """A frozen snapshot of every number this cache counts (the same as `metrics_text`)."""
-        in_flight = self._in_flight()
+        in_flight = self.core.in_flight()
         return snapshot(self.layout, self.core, self.counters,
                         {d.value: sum(t.direction is d for t in in_flight) for d in Direction},
                         self._storage.stats() if self._storage is not None else None, self.engine.host.block_counts())
@@ -405,17 +404,16 @@ class HiCache:
         """Recompute every conservation law of the control plane; validate the device pools."""
         self.core.check_invariants()
         self.engine.check_device_pools(self._pools)
-        here = self._in_flight()
-        if self.core.in_flight() != here:
-            raise AssertionError(f"bug: transfers in flight disagree: tree {sorted(map(str, self.core.in_flight()))}, "
-                                 f"engine and storage {sorted(map(str, here))}")
+        unmoved = sorted(str(t) for t in self.core.in_flight() if self.core.carrier(t) is None)
+        if unmoved:
+            raise AssertionError(f"bug: transfers in flight with nothing moving them: {unmoved}")
 
-    def _in_flight(self) -> set[TransferId]:
-        return self._flights.ids() | (self._storage.in_flight() if self._storage is not None else set())
-
-    def _acked(self, nodes) -> None:
-        if self._storage is not None:
-            self._storage.written(nodes)
+    def _complete(self, tid: TransferId, blocking: bool):
+        """End `tid` if it has ended (waiting for it when `blocking`): its `Ended`, or None."""
+        self._pools, ended = self._transfers.complete(tid, self._pools, blocking)
+        if ended is not None and ended.acked and self._storage is not None:
+            self._storage.written(list(ended.acked))
+        return ended
 
     def _checked(self, value):
         if self.config.check_invariants:

@@ -23,6 +23,7 @@ import numpy as np
 
 from hicache_jax.config import HiCacheConfig, StorageConfig, StorageWritePolicy
 from hicache_jax.layout import PoolLayout
+from hicache_jax.plan import Direction
 from hicache_jax.storage import (GetResult, MissReason, StorageBackend, StorageOp, StorageStats, StorageTier,
                                  open_backend)
 from hicache_jax.transfer import TransferEngine
@@ -84,7 +85,6 @@ class StorageLink:
         self.tier = StorageTier(layout, backend, config.storage, tp=tp)
         if isinstance(backend, UnreachableBackend):   # the one log line; later probes fail quietly
             self.tier.guard.failed("open", MissReason.ERROR, f"{backend.name[12:]} could not be opened: {backend.error}")
-        self._prefetches: dict[TransferId, _Prefetch] = {}
         self._writes: list[StorageOp] = []
         self._page = layout.page_size
         if self._config.write_policy is StorageWritePolicy.WRITE_BACK:
@@ -114,18 +114,17 @@ class StorageLink:
             rows[allocator] = np.empty((logical.size, fmt.row_elems), np.dtype(jnp.dtype(fmt.dtype)))
             reads[allocator] = self.tier.get_pages(allocator, [hashes[i] for i in logical], rows[allocator],
                                                    np.arange(logical.size))
-        self._prefetches[job.transfer] = _Prefetch(job, reads, rows)
+        self._core.attach(job.transfer, _Prefetch(job, reads, rows))
         return job.transfer
 
     def finish(self, tid: TransferId, wait_s: float | None = 0.0) -> tuple[int, int] | None:
         """End prefetch `tid` if its reads have returned (waiting up to `wait_s`, None: up to
         the call timeout): attach what arrived. Returns the attached pages (first, end), or
         None while it is still in flight."""
-        p = self._prefetches[tid]
+        p = self._core.carrier(tid)
         limit = self._config.call_timeout_s if wait_s is None else wait_s
         if not all(op.wait(limit) if limit else op.done() for op in p.reads.values()):
             return None
-        del self._prefetches[tid]
         job, anchor = p.job, self._core.anchor
         results = {a: op.result() for a, op in p.reads.items()}
         served = results[anchor].served if anchor in results else job.pages
@@ -138,8 +137,9 @@ class StorageLink:
                 self._engine.write_host_rows(allocator, job.host_pages[allocator][:n], rows[:n])
         return self._core.finish_prefetch(job.prefetch_id, served)
 
-    def in_flight(self) -> set[TransferId]:
-        return set(self._prefetches)
+    def in_flight(self) -> list[TransferId]:
+        """The prefetches in flight (from the tree's registry)."""
+        return sorted((t for t in self._core.in_flight() if t.direction is Direction.PREFETCH), key=lambda t: t.number)
 
     # -- down: host -> storage --------------------------------------------------------------
     def written(self, nodes: list[NodeId]) -> None:
@@ -167,9 +167,9 @@ class StorageLink:
     def drain(self) -> None:
         """End every prefetch, waiting for each at most the call timeout (a read that overruns
         it is abandoned: it only ever writes its own staging rows), and wait for writes."""
-        for tid in list(self._prefetches):
+        for tid in self.in_flight():
             if self.finish(tid, wait_s=None) is None:
-                self._core.finish_prefetch(self._prefetches.pop(tid).job.prefetch_id, 0)
+                self._core.finish_prefetch(self._core.carrier(tid).job.prefetch_id, 0)
         for op in self._writes:
             op.wait(self._config.call_timeout_s)
         self._writes = [op for op in self._writes if not op.done()]

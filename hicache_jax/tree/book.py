@@ -8,6 +8,10 @@ the new head joins its node's transfers, and a queued copy is split between the 
 A node that leaves a write it is part of (dropped, or its closure repaired) either loses
 its queued copy, or, once dispatched, leaves its host pages *retired* until the write
 ends, because the copy may still land there.
+
+This book is the one registry of transfers in flight: each record may carry what the data
+plane moving it holds (`attach`: the engine's handles, a storage read), an opaque object
+the tree never looks into, and which ends with the record.
 """
 from __future__ import annotations
 
@@ -39,6 +43,7 @@ class WriteRecord:
     nodes: set[Node]                 # nodes stamped with this ack id (split halves included)
     locks: list[LockId]              # one device lock per committed node, released at the end
     retired: dict[str, list[int]] = dataclasses.field(default_factory=dict)   # host pages freed at the end
+    carrier: object = None           # what the data plane holds while it moves (`attach`)
 
 
 @dataclasses.dataclass
@@ -47,6 +52,7 @@ class LoadRecord:
     filled_windows: dict[int, set[int]]   # window component -> device pages this load fills
     nodes: set[Node] = dataclasses.field(default_factory=set)       # nodes it owns (split halves included)
     drop_host: set[Node] = dataclasses.field(default_factory=set)   # closure repair when it ends
+    carrier: object = None
 
 
 @dataclasses.dataclass
@@ -57,6 +63,7 @@ class PrefetchRecord:
     pages: int                       # pages asked for
     reserved: dict[str, np.ndarray]  # allocator -> host pages reserved (in fetch order)
     logical: dict[str, np.ndarray]   # allocator -> the logical page each reserved page receives
+    carrier: object = None
 
 
 class TransferBook:
@@ -167,6 +174,28 @@ class TransferBook:
         return sum(r.reserved[allocator].size for r in self._prefetches.values() if allocator in r.reserved)
 
     # -- everything ------------------------------------------------------------------------
+    def _record(self, tid: TransferId) -> WriteRecord | LoadRecord | PrefetchRecord:
+        match tid.direction:
+            case Direction.BACKUP if tid.number != self._open:
+                record = self._writes.get(AckId(tid.number))
+            case Direction.LOAD:
+                record = self._loads.get(LoadId(tid.number))
+            case Direction.PREFETCH:
+                record = self._prefetches.get(PrefetchId(tid.number))
+            case _:
+                record = None
+        if record is None:
+            raise ValueError(f"no transfer {tid} in flight")
+        return record
+
+    def attach(self, tid: TransferId, carrier: object) -> None:
+        """Record what the data plane holds while it moves transfer `tid` (in flight)."""
+        self._record(tid).carrier = carrier
+
+    def carrier(self, tid: TransferId) -> object:
+        """What `attach` recorded for `tid` (None: nothing yet); ValueError if it is not in flight."""
+        return self._record(tid).carrier
+
     def in_flight(self) -> set[TransferId]:
         return ({TransferId(Direction.BACKUP, a) for a in self.pending_acks()}
                 | {TransferId(Direction.LOAD, i) for i in self._loads}

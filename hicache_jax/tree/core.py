@@ -230,8 +230,17 @@ class TreeCore:
         return out
 
     def in_flight(self) -> set[TransferId]:
-        """Every committed transfer not yet acknowledged or failed."""
+        """Every committed transfer not yet acknowledged or failed: the one registry of
+        transfers in flight (`attach` / `carrier`)."""
         return self.book.in_flight()
+
+    def attach(self, tid: TransferId, carrier: object) -> None:
+        """Keep what the data plane holds while it moves `tid` with the tree's record of it."""
+        self.book.attach(tid, carrier)
+
+    def carrier(self, tid: TransferId) -> object:
+        """What the data plane attached to `tid` (None: nothing yet); ValueError when `tid` is not in flight."""
+        return self.book.carrier(tid)
 
     def pending_acks(self) -> list[AckId]:
         return self.book.pending_acks()
