@@ -13,7 +13,6 @@ import json
 import os
 from typing import Any
 
-from hicache_jax import validate
 
 MODEL_TYPES = ("deepseek_v4", "deepseek_v41", "gqa", "gemma3_text")
 KV_LAYOUTS = ("v4", "v41", "unified")

@@ -31,7 +31,6 @@ import jax.numpy as jnp
 import numpy as np
 from pallas_kernels import PAD
 
-from hicache_jax import validate
 from hicache_jax.config import TransferConfig
 from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups

@@ -28,7 +28,8 @@ from hicache_jax.layout import PoolLayout
 from hicache_jax.tree.book import TransferBook
 from hicache_jax.tree.candidates import EvictionCandidates
 from hicache_jax.tree.components import Components
-from hicache_jax.tree.evict import DeviceEviction, HostEviction, checked_need
+from hicache_jax.tree.device_evict import DeviceEviction
+from hicache_jax.tree.evict import HostEviction, checked_need
 from hicache_jax.tree.insert import Inserter
 from hicache_jax.tree.invariants import check_nodes
 from hicache_jax.tree.ledger import PageLedger
@@ -37,6 +38,7 @@ from hicache_jax.tree.locks import LockTable
 from hicache_jax.tree.lru import LogicalClock
 from hicache_jax.tree.match import MatchResult, as_tokens
 from hicache_jax.tree.matcher import Matcher
+from hicache_jax.tree.parts import TreeParts
 from hicache_jax.tree.node import Node, NodeId
 from hicache_jax.tree.policy import WritePolicy
 from hicache_jax.tree.prefetch import PrefetchPath
@@ -65,18 +67,15 @@ class TreeCore:
         self.book = book = TransferBook()
         tree.on_split += [book.on_split, lambda head, node, k: cands.offer(head)]
         clock = LogicalClock()
-        pruner = Pruner(tree, ledger, book, cands, stats)
-        self._host_eviction = HostEviction(comps, ledger, cands, pruner, stats)
-        self._writes = WritePath(layout, comps, self.policy, tree, ledger, book, locks, cands, pruner, stats,
-                                 reclaim_host=self._host_eviction.evict)
-        self._device_eviction = DeviceEviction(comps, self.policy, ledger, cands, self._writes, pruner, stats,
-                                               layout.page_size)
+        parts = TreeParts(layout, comps, self.policy, tree, ledger, book, locks, cands,
+                          Pruner(tree, ledger, book, cands, stats), clock, stats)
+        self._host_eviction = HostEviction(parts)
+        self._writes = WritePath(parts, self._host_eviction)
+        self._device_eviction = DeviceEviction(parts, self._writes)
         self._matcher = Matcher(tree, comps, clock)
-        self._inserter = Inserter(comps, tree, ledger, cands, self._writes, clock)
-        self._reads = ReadPath(layout, comps, tree, ledger, book, locks, cands, pruner, self._matcher, clock, stats,
-                               self._take_device, load_back_threshold, load_cost)
-        self._fill = PrefetchPath(comps, self.policy, tree, ledger, book, locks, cands, self._host_eviction, clock, stats,
-                              prefetch_share)
+        self._inserter = Inserter(parts, self._writes)
+        self._reads = ReadPath(parts, self._matcher, self._device_eviction, load_back_threshold, load_cost)
+        self._fill = PrefetchPath(parts, self._host_eviction, prefetch_share)
 
     @property
     def anchor(self) -> str:
@@ -105,23 +104,14 @@ class TreeCore:
         before the pages are written (see `needs_flush`). Bad counts raise ValueError with
         nothing taken.
         """
-        got = self._take_device(checked_need(self.components, need))
+        got = self._device_eviction.take(checked_need(self.components, need))
         if got is not None:
             self.ledger.hold(got)
         return got
 
-    def _take_device(self, need: dict[str, int]) -> dict[str, np.ndarray] | None:
-        """`need` free device pages, evicting only when that can succeed (else None, nothing evicted)."""
-        free = self.ledger.allocators(Tier.DEVICE)
-        if any(n > free[a].num_free for a, n in need.items()):
-            room = self.device_room()
-            if any(n > room[a] for a, n in need.items()):
-                return None
-        return self.ledger.take(Tier.DEVICE, need, reclaim=self._device_eviction.evict)
-
     def device_room(self) -> dict[str, int]:
         """Per allocator, the device pages a request could get now (see `PageLedger.room`)."""
-        return self.ledger.room(self.locks.pinned())
+        return self._device_eviction.room()
 
     def free_device(self, allocator: str, pages) -> None:
         """Return held device pages that never made it into the tree."""

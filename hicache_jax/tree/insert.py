@@ -13,28 +13,23 @@ from collections.abc import Mapping
 import numpy as np
 
 from hicache_jax import validate
-from hicache_jax.tree.candidates import EvictionCandidates
-from hicache_jax.tree.components import Components
-from hicache_jax.tree.ledger import PageLedger
-from hicache_jax.tree.lru import LogicalClock
 from hicache_jax.tree.match import as_tokens
 from hicache_jax.tree.node import ABSENT, Node
-from hicache_jax.tree.radix import RadixTree
 from hicache_jax.tree.results import InsertResult
 from hicache_jax.tree.state import DEVICE, DEVICE_VALID, HOLDS_DEVICE, Event, Residency, Tier
+from hicache_jax.tree.parts import TreeParts
 from hicache_jax.tree.writes import WritePath
 
 _NONE = np.zeros(0, np.int64)
 
 
 class Inserter:
-    def __init__(self, components: Components, tree: RadixTree, ledger: PageLedger, candidates: EvictionCandidates,
-                 writes: WritePath, clock: LogicalClock):
-        self._components, self._tree, self._ledger = components, tree, ledger
-        self._candidates, self._writes, self._clock = candidates, writes, clock
-        self._page = tree.page_size
-        self._anchor = components.anchor.name
-        self._window_index = {c.name: c.index for c in components.windows}
+    def __init__(self, parts: TreeParts, writes: WritePath):
+        self._components, self._tree, self._ledger = parts.components, parts.tree, parts.ledger
+        self._candidates, self._writes, self._clock = parts.candidates, writes, parts.clock
+        self._page = parts.page_size
+        self._anchor = parts.components.anchor.name
+        self._window_index = {c.name: c.index for c in parts.components.windows}
 
     def insert(self, tokens, device_pages, window_pages: Mapping[str, Mapping[int, int]] | None = None) -> InsertResult:
         """Give a request's computed pages to the tree.

@@ -14,24 +14,19 @@ evicted between the load landing and the request using them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import numpy as np
 
 from hicache_jax.layout import PoolLayout
 from hicache_jax.plan import Direction, make_plan
-from hicache_jax.tree.book import LoadRecord, TransferBook
-from hicache_jax.tree.candidates import EvictionCandidates
+from hicache_jax.tree.book import LoadRecord
 from hicache_jax.tree.components import Components
-from hicache_jax.tree.ledger import PageLedger
-from hicache_jax.tree.locks import LockTable
-from hicache_jax.tree.lru import LogicalClock
 from hicache_jax.tree.match import MatchResult
 from hicache_jax.tree.matcher import Matcher
 from hicache_jax.tree.node import ABSENT, Node
-from hicache_jax.tree.prune import Pruner
-from hicache_jax.tree.radix import RadixTree
-from hicache_jax.tree.results import LoadId, LoadJob, Refusal, TreeStats
+from hicache_jax.tree.results import LoadId, LoadJob, Refusal
+from hicache_jax.tree.device_evict import DeviceEviction
+from hicache_jax.tree.parts import TreeParts
 from hicache_jax.tree.state import DEVICE_VALID, Event, Residency, Tier
 
 
@@ -52,14 +47,12 @@ class LoadCost:
 
 
 class ReadPath:
-    def __init__(self, layout: PoolLayout, components: Components, tree: RadixTree, ledger: PageLedger,
-                 book: TransferBook, locks: LockTable, candidates: EvictionCandidates, pruner: Pruner,
-                 matcher: Matcher, clock: LogicalClock, stats: TreeStats,
-                 take_device: Callable[[dict[str, int]], dict[str, np.ndarray] | None],
-                 threshold: int, cost: LoadCost):
-        self._layout, self._components, self._tree, self._ledger = layout, components, tree, ledger
-        self._book, self._locks, self._candidates, self._pruner = book, locks, candidates, pruner
-        self._matcher, self._clock, self._stats, self._take_device = matcher, clock, stats, take_device
+    def __init__(self, parts: TreeParts, matcher: Matcher, device_eviction: DeviceEviction, threshold: int,
+                 cost: LoadCost):
+        self._layout, self._components, self._tree, self._ledger = parts.layout, parts.components, parts.tree, parts.ledger
+        self._book, self._locks, self._candidates, self._pruner = parts.book, parts.locks, parts.candidates, parts.pruner
+        self._matcher, self._clock, self._stats = matcher, parts.clock, parts.stats
+        self._take_device = device_eviction.take
         self._threshold, self._cost = threshold, cost
 
     def start_load(self, match: MatchResult) -> LoadJob | Refusal:

@@ -18,29 +18,21 @@ from __future__ import annotations
 import numpy as np
 
 from hicache_jax import validate
-from hicache_jax.tree.book import PrefetchRecord, TransferBook
-from hicache_jax.tree.candidates import EvictionCandidates
-from hicache_jax.tree.components import Components
+from hicache_jax.tree.book import PrefetchRecord
 from hicache_jax.tree.evict import HostEviction
-from hicache_jax.tree.ledger import PageLedger
-from hicache_jax.tree.locks import LockTable
-from hicache_jax.tree.lru import LogicalClock
 from hicache_jax.tree.match import as_tokens
 from hicache_jax.tree.node import ABSENT, Node
-from hicache_jax.tree.policy import WritePolicy
-from hicache_jax.tree.radix import RadixTree
-from hicache_jax.tree.results import HostCopy, PrefetchId, PrefetchJob, PrefetchOutcome, TreeStats
+from hicache_jax.tree.results import HostCopy, PrefetchId, PrefetchJob, PrefetchOutcome
+from hicache_jax.tree.parts import TreeParts
 from hicache_jax.tree.state import HOLDS_HOST, HOST, HOST_DURABLE, Residency, Tier
 
 
 class PrefetchPath:
-    def __init__(self, components: Components, policy: WritePolicy, tree: RadixTree, ledger: PageLedger,
-                 book: TransferBook, locks: LockTable, candidates: EvictionCandidates, host_eviction: HostEviction,
-                 clock: LogicalClock, stats: TreeStats, share: float):
-        self._components, self._policy, self._tree, self._ledger = components, policy, tree, ledger
-        self._book, self._locks, self._candidates, self._host_eviction = book, locks, candidates, host_eviction
-        self._clock, self._stats, self._share = clock, stats, share
-        self._page = tree.page_size
+    def __init__(self, parts: TreeParts, host_eviction: HostEviction, share: float):
+        self._components, self._policy, self._tree, self._ledger = parts.components, parts.policy, parts.tree, parts.ledger
+        self._book, self._locks, self._candidates, self._host_eviction = parts.book, parts.locks, parts.candidates, host_eviction
+        self._clock, self._stats, self._share = parts.clock, parts.stats, share
+        self._page = parts.page_size
 
     def coverage(self, tokens) -> int:
         """Leading whole pages of `tokens` the tree holds in any state (where a prefetch starts)."""

@@ -10,32 +10,23 @@ its queued copy must be dispatched before those pages are written again, which
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 
 import numpy as np
 
-from hicache_jax.layout import PoolLayout
 from hicache_jax.plan import Direction, make_plan
-from hicache_jax.tree.book import Copy, TransferBook
-from hicache_jax.tree.candidates import EvictionCandidates
-from hicache_jax.tree.components import Components
-from hicache_jax.tree.ledger import PageLedger
-from hicache_jax.tree.locks import LockTable
+from hicache_jax.tree.book import Copy
 from hicache_jax.tree.node import ABSENT, Node
-from hicache_jax.tree.policy import WritePolicy
-from hicache_jax.tree.prune import Pruner
-from hicache_jax.tree.radix import RadixTree
-from hicache_jax.tree.results import AckId, BackupBatch, DropReason, TreeStats
+from hicache_jax.tree.results import AckId, BackupBatch, DropReason
+from hicache_jax.tree.evict import HostEviction
+from hicache_jax.tree.parts import TreeParts
 from hicache_jax.tree.state import HOLDS_HOST, Event, Residency, Tier, TreeStateError
 
 
 class WritePath:
-    def __init__(self, layout: PoolLayout, components: Components, policy: WritePolicy, tree: RadixTree,
-                 ledger: PageLedger, book: TransferBook, locks: LockTable, candidates: EvictionCandidates,
-                 pruner: Pruner, stats: TreeStats, reclaim_host: Callable[[dict[str, int]], None]):
-        self._layout, self._components, self._policy, self._tree = layout, components, policy, tree
-        self._ledger, self._book, self._locks, self._candidates = ledger, book, locks, candidates
-        self._pruner, self._stats, self._reclaim_host = pruner, stats, reclaim_host
+    def __init__(self, parts: TreeParts, host_eviction: HostEviction):
+        self._layout, self._components, self._policy, self._tree = parts.layout, parts.components, parts.policy, parts.tree
+        self._ledger, self._book, self._locks, self._candidates = parts.ledger, parts.book, parts.locks, parts.candidates
+        self._pruner, self._stats, self._reclaim_host = parts.pruner, parts.stats, host_eviction.evict
         self.needs_flush = False      # a demotion is queued: dispatch before its device pages are reused
 
     # -- committing ------------------------------------------------------------------------
