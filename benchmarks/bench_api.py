@@ -35,6 +35,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 import hicache_jax as hc  # noqa: E402
+from hicache_jax.transfer import TransferEngine  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 clock = time.perf_counter
@@ -140,28 +141,28 @@ def make_cache(config: str, max_pages: int, layer_groups: int = 1, spare: int = 
     return package.HiCache(layout, cfg, engine=engine)
 
 
+def make_cache_and_engine(config: str, max_pages: int, kernels: str = "auto") -> tuple[hc.HiCache, TransferEngine]:
+    """`make_cache`'s cache of this tree, built over an engine the caller keeps (to call its
+    programs alone: `TransferEngine.plan_program`, `.program`)."""
+    layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
+    window = layout.window_pages() if layout.swa_pool else 0
+    cfg = hc.HiCacheConfig(device_pages=max_pages + 2, swa_device_pages=window + 2 if window else None,
+                           host_pages={"kv": max_pages + 2, **({"swa": window + 2} if window else {})},
+                           write_policy="write_back", load_back_threshold=1,
+                           transfer=hc.TransferConfig(host_memory_limit_bytes=1 << 40, kernels=kernels))
+    engine = TransferEngine(layout, *cfg.page_counts(layout), None, cfg.transfer)
+    return hc.HiCache(layout, cfg, engine=engine), engine
+
+
 class Breakdown:
     """Where an `acquire` / `load_back` + `wait` spends its time: the cache's own steps are
     wrapped with timers (match, the tree's load planning, the engine's dispatch, the wait
     and the bookkeeping after it); `other` is the rest of the call."""
 
-    STEPS = {"match": ("core", "match_prefix"), "plan": ("core", "start_load"),
-             "dispatch": ("engine", "start"), "wait": ("_flights", "complete")}
+    STEPS = ("match", "plan", "dispatch", "wait")
 
     def __init__(self, cache: hc.HiCache):
-        self.spent: dict[str, float] = {}
-        for name, (owner, method) in self.STEPS.items():
-            obj = getattr(cache, owner)
-            setattr(obj, method, self._timed(name, getattr(obj, method)))
-
-    def _timed(self, name, fn):
-        def timed(*a, **kw):
-            t = clock()
-            try:
-                return fn(*a, **kw)
-            finally:
-                self.spent[name] = self.spent.get(name, 0.0) + clock() - t
-        return timed
+        self.spent = cache.time_phases()        # the cache's own instrumentation
 
     def take(self, total: float) -> dict[str, float]:
         out = {k: self.spent.get(k, 0.0) for k in self.STEPS}
@@ -207,7 +208,7 @@ def run(cache: hc.HiCache, pages: int, rounds: int, seed: int, breakdown: Breakd
                 rows.append((how, took, ref, parts))
     cache.evict(10 ** 6, 10 ** 6 if window else 0)   # make room for the next prefix
     cache.drain()
-    cache.core.evict_host(dict.fromkeys(cache.core.components.names, 10 ** 6))
+    cache.evict_host(10 ** 6, 10 ** 6 if window else 0)
     out = {"config": layout.model.name, "pages": pages, "bytes": nbytes, "exact": bool(exact), "rounds": rounds,
            "page_spread": spread, "first_pages_landed_on": len(landed_on)}
     for how in ("acquire", "load_back"):

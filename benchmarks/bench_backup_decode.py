@@ -234,7 +234,7 @@ class Bench:
         cache = self.cache
         cache.drain()
         cache.evict(10 ** 6, 10 ** 6 if self.window else 0)
-        cache.core.evict_host(dict.fromkeys(cache.core.components.names, 10 ** 6))
+        cache.evict_host(10 ** 6, 10 ** 6 if self.window else 0)
 
     def contiguous_s(self) -> float:
         t = clock()

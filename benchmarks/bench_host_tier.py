@@ -192,12 +192,11 @@ def child_engine(strategy, gib) -> dict:
     import numpy as np
 
     import hicache_jax as hc
-    from hicache_jax.pools import Devices, HostRowFormat
+    from hicache_jax.layout.rows import RowFormat
     from hicache_jax.config import TransferConfig
     from hicache_jax.transfer import TransferEngine
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / "deepseek_v4_flash.json"))
-    devices = Devices.create(None)
-    host_pages = {a: max(1, int(gib * 2**30 / 2) // HostRowFormat.create(layout, a, devices).row_bytes)
+    host_pages = {a: max(1, int(gib * 2**30 / 2) // RowFormat.create(layout, a).row_bytes)
                   for a in ("kv", "swa")}
     jax.block_until_ready(jax.device_put(np.zeros(8, np.float32), jax.devices()[0]))
     gc.collect()

@@ -35,7 +35,7 @@ from transfer_common import env_info, median_s  # noqa: E402
 
 # (label, block_bytes, mosaic knobs): the default first
 MOSAIC_VARIANTS = [("default", None, {}), ("block32k", 32768, {}),
-                   ("lag0", None, {"lag": 0}), ("ctas1x", None, {"ctas": mosaic_gpu._sm_count()})]
+                   ("lag0", None, {"lag": 0}), ("ctas1x", None, {"ctas": mosaic_gpu.sm_count()})]
 
 
 def pools_of(cfg_path: str, allocator: str, pages: int, smoke: bool):

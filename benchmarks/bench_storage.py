@@ -62,7 +62,7 @@ def files_under(directory: pathlib.Path) -> list[str]:
 
 
 def segments_of(rows: np.ndarray, layout) -> list[memoryview]:
-    return [memoryview(rows[i, s.offset:s.offset + s.nbytes]) for i in range(rows.shape[0]) for s in layout.segments]
+    return [memoryview(rows[i, s.offset:s.offset + s.nbytes]) for i in range(rows.shape[0]) for s in layout.spans]
 
 
 def raw_write(path: pathlib.Path, rows, layout) -> float:
@@ -96,7 +96,7 @@ def one_round(tier, store_dir, raw_path, allocator, rows, out, seed, raw_first) 
         op = tier.put_pages(allocator, pages, rows, ids)
         op.wait()
         r["put_s"] = time.perf_counter() - t
-        if op.result().written != n * len(layout.segments):
+        if op.result().written != n * len(layout.spans):
             raise RuntimeError(f"put wrote {op.result()}")
         t = time.perf_counter()
         if store_dir is not None:

@@ -156,12 +156,12 @@ def v4_section(bench: Bench, cfg_path: str, kv_pages, swa_pages, kv_max: int, sw
 def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total):
     """Time the pieces of one kv transfer of n pages (one chunk when n <= chunk_pages)."""
     a = "kv"
-    progs = engine._programs[a]
+    fmt = engine.row_format(a)
     reps = bench.reps(n)
     rng = np.random.default_rng(5)
     idx = rng.permutation(dev_total[a])[:n].astype(np.int32)
-    args = tuple(pools[s.name] for s in progs.fmt.pools)
-    out = {"pages": n, "bytes": n * progs.fmt.row_bytes}
+    args = tuple(pools[s.name] for s in fmt.pools)
+    out = {"pages": n, "bytes": n * fmt.row_bytes}
     (block,), (bigger,) = engine.host.block(a, n), engine.host.block(a, 2 * n)
     whole = jax.jit(lambda h: jax.device_put(h, jax.memory.Space.Device))
     sl = jax.jit(lambda h, o: jax.device_put(jax.lax.dynamic_slice_in_dim(h, o[0], n, 0), jax.memory.Space.Device))
@@ -172,11 +172,11 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
     timed("host_slice_of_bigger_block", lambda: sl(bigger, np.array([n // 2], np.int32)).block_until_ready())
     gather = jax.jit(lambda s, i: pk.gather_pages(s, i, impl=engine.kernels, block_bytes=bench.block_bytes))
     timed("gather_kernel", lambda: jax.block_until_ready(gather(args, idx)))
-    if n <= progs.chunk_pages:
-        pack = progs.compiled("pack", n)
+    if n <= engine.chunk_pages(a):
+        pack = engine.program(a, "pack", n)
         timed("pack_program", lambda: jax.block_until_ready(pack(args, idx)))
-        timed("pack_and_device_put", lambda: jax.block_until_ready(jax.device_put(pack(args, idx), progs.host_sharding)))
-        load = progs.compiled("load_block", n, 0)
+        timed("pack_and_device_put", lambda: jax.block_until_ready(jax.device_put(pack(args, idx), engine.host.sharding(a))))
+        load = engine.program(a, "load_block", n, 0)
         state = {"p": tuple(x + 0 for x in args)}
 
         def l():
@@ -189,10 +189,10 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
     from hicache_jax.transfer import chunks as chunking
     from hicache_jax.transfer.plan_check import check_plan
     plan = make_plan(layout, "backup", {a: (idx, np.arange(n))})
-    out["py_check_plan_us"] = 1e6 * median_s(lambda: check_plan(plan, layout, engine._device.pages, engine.host.pages), 50)
+    out["py_check_plan_us"] = 1e6 * median_s(lambda: check_plan(plan, layout, engine.device_pages, engine.host.pages), 50)
     out["py_check_pools_us"] = 1e6 * median_s(lambda: engine.check_device_pools(pools), 50)
     runs = [(r.offset, r.host_start, r.length) for r in plan.batch(a).host_runs]
-    out["py_split_us"] = 1e6 * median_s(lambda: chunking.split(plan.batch(a).device_pages, runs, progs.chunk_pages), 50)
+    out["py_split_us"] = 1e6 * median_s(lambda: chunking.split(plan.batch(a).device_pages, runs, engine.chunk_pages(a)), 50)
     bench.results[f"breakdown_kv_{n}"] = out
     print("breakdown:", {k: (round(v, 3) if isinstance(v, float) else v) for k, v in out.items()}, flush=True)
 
@@ -215,7 +215,7 @@ def kv_engines_section(bench: Bench, cfg_path: str, key: str, engines, n_list, k
     built = []
     for label, kw in engines:
         kw = {"block_bytes": bench.block_bytes, "kernels": bench.kernels, **kw}
-        built.append((label, TransferEngine(layout, dev_total, host_total, **kw)))
+        built.append((label, TransferEngine(layout, dev_total, host_total, None, TransferConfig(**kw))))
     pools = random_pools(built[0][1], 9)
     samples: dict = {}
     for r in range(rounds):
@@ -238,12 +238,11 @@ def kv_engines_section(bench: Bench, cfg_path: str, key: str, engines, n_list, k
 
 def hlo_report(bench: Bench, engine: TransferEngine, name: str):
     ops, bad = {}, {}
-    for a, progs in engine._programs.items():
-        for key, compiled in progs._cache.items():
-            found = hlo_host_ops(compiled.as_text())
-            ops[f"{a}:{key}"] = sorted(found)
-            if found - HLO_HOST_OK:
-                bad[f"{a}:{key}"] = sorted(found - HLO_HOST_OK)
+    for label, compiled in engine.compiled_programs().items():
+        found = hlo_host_ops(compiled.as_text())
+        ops[label] = sorted(found)
+        if found - HLO_HOST_OK:
+            bad[label] = sorted(found - HLO_HOST_OK)
     bench.results[f"{name}_hlo_host_ops"] = ops
     bench.results[f"{name}_hlo_host_compute"] = bad
     print(f"{name}: HLO opcodes on host memory: {sorted(set(sum(ops.values(), [])))}; unexpected: {bad}", flush=True)
@@ -306,7 +305,7 @@ def main(argv=None):
     skip = set(filter(None, args.skip.split(",")))
     cfg = lambda n: os.path.join(HERE, "..", "configs", f"{n}.json")  # noqa: E731
     print("env:", bench.results["env"], flush=True)
-    bench.results["triton_wide_offsets_fix"] = (pk._triton_offsets.ensure_wide_offsets()
+    bench.results["triton_wide_offsets_fix"] = (pk.ensure_triton_wide_offsets()
                                                 if jax.default_backend() == "gpu" else None)
     sections = []
     if args.smoke:

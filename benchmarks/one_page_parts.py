@@ -22,6 +22,7 @@ trivial jitted function (the runtime's floor per call).
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import pathlib
 import statistics
@@ -36,41 +37,36 @@ from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repo
 import bench_api  # noqa: E402  (the same cache and prefix as the public-path benchmark)
 import hicache_jax as hc  # noqa: E402
 from hicache_jax.pools.host_tier import block_rows  # noqa: E402
-from hicache_jax.transfer.programs import Program, plan_index  # noqa: E402
 
 clock = time.perf_counter
 
 
 class LastLoad:
-    """Records the plan load program a cache's engine calls, with its arguments, to call it again."""
+    """Records the plan load program a cache runs (`HiCache.on_program_call`), with its
+    arguments, to call it again."""
 
     def __init__(self, cache: hc.HiCache):
         self.cache, self.call, self.called = cache, None, (0.0, 0.0)
-        plans = cache.engine._plan_programs
-        compiled = plans.compiled
+        cache.on_program_call(self._record)
 
-        def recording(backup, runs):
-            program = compiled(backup, runs)
-            if backup:
-                return program
-            names = [[s.name for s in cache.engine._programs[a].fmt.pools] for a, *_ in runs]
-
-            def call(pools, blocks, idx):
-                self.call = (program, names, blocks, idx)
-                t = clock()
-                try:
-                    return program(pools, blocks, idx)
-                finally:
-                    self.called = (t, clock())      # the call's host time, in the hit
-            return call
-        plans.compiled = recording
+    def _record(self, label: str, program, *args):
+        if not label.startswith("plan:load"):
+            return program(*args)
+        runs = ast.literal_eval(label[label.index("["):])       # ((allocator, pages, on device), ...)
+        names = [[s.name for s in self.cache.layout.moving_with(a)] for a, *_ in runs]
+        self.call = (runs, program, names, args[1], args[2])
+        t = clock()
+        try:
+            return program(*args)
+        finally:
+            self.called = (t, clock())      # the call's host time, in the hit
 
     def again(self) -> tuple[float, float]:
         """Call the last load program again on the cache's current pools: (seconds until the
         call returns, seconds until its outputs are ready)."""
         if self.call is None:
             raise RuntimeError("no one-program load recorded: the hit did not move as one plan program")
-        program, names, blocks, idx = self.call
+        _, program, names, blocks, idx = self.call
         pools = self.cache.device_pools
         t = clock()
         new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), blocks, idx)
@@ -83,21 +79,13 @@ class LastLoad:
         return launched, took
 
 
-def call_costs(cache: hc.HiCache, tokens, rounds: int) -> dict[str, float]:
-    """Host time (ms, medians) until each call returns: the one-page load program of
-    `tokens`' prefix, its scatter alone, its copies alone, and a trivial jit."""
-    engine = cache.engine
-    cache.evict(10 ** 6, 10 ** 6)
-    cache.drain()
-    job = cache.core.start_load(cache.match_prefix(tokens))
-    cache.core.fail_load(job.load_id)         # only its plan was wanted: nothing moved
-    cache.unlock(job.lock)
-    key, blocks, pages = engine._whole.load(job.plan, {})
-    names = [[s.name for s in engine._programs[a].fmt.pools] for a, *_ in key]
-    idx = plan_index(pages, engine._ints.index)
-    load = engine._plan_programs.compiled(False, key)
-    scatter = engine._plan_programs.compiled(False, tuple((a, n, 1) for a, n, _ in key))
-    copies = [engine._programs[a].compiled(Program.COPY, block_rows(b)) for (a, *_), b in zip(key, blocks)]
+def call_costs(cache: hc.HiCache, engine, load: LastLoad, rounds: int) -> dict[str, float]:
+    """Host time (ms, medians) until each call returns: the one-page load program `load`
+    recorded, its scatter alone (the same plan from blocks already on the device), its
+    copies alone, and a trivial jit."""
+    runs, program, names, blocks, idx = load.call
+    scatter = engine.plan_program(False, tuple((a, n, 1) for a, n, _ in runs))
+    copies = [engine.program(a, "copy", block_rows(b)) for (a, *_), b in zip(runs, blocks)]
     on_device = jax.block_until_ready(tuple(copy(b) for copy, b in zip(copies, blocks)))
     x = jax.numpy.zeros(4)
     trivial = jax.jit(lambda v: v + 1)
@@ -113,8 +101,8 @@ def call_costs(cache: hc.HiCache, tokens, rounds: int) -> dict[str, float]:
     for r in range(rounds + 2):
         for name, rows in (("load_program", blocks), ("scatter_only", on_device)):
             pools = cache.device_pools
-            program = load if name == "load_program" else scatter
-            new, _ = timed(name, lambda: program(tuple(tuple(pools[n] for n in ns) for ns in names), rows, idx))
+            call = program if name == "load_program" else scatter
+            new, _ = timed(name, lambda: call(tuple(tuple(pools[n] for n in ns) for ns in names), rows, idx))
             for ns, arrays in zip(names, new):
                 pools.update(zip(ns, arrays))
             cache.set_device_pools(pools)     # the same bytes again
@@ -124,7 +112,8 @@ def call_costs(cache: hc.HiCache, tokens, rounds: int) -> dict[str, float]:
 
 
 def run(config: str, kernels: list[str], rounds: int) -> dict:
-    caches = {k: bench_api.make_cache(config, 4, kernels=k) for k in kernels}
+    built = {k: bench_api.make_cache_and_engine(config, 4, kernels=k) for k in kernels}
+    caches = {k: cache for k, (cache, _) in built.items()}
     loads = {k: LastLoad(c) for k, c in caches.items()}
     prefixes = {k: bench_api.insert_prefix(c, 1, seed=0) for k, c in caches.items()}
     breakdowns = {k: bench_api.Breakdown(c) for k, c in caches.items()}
@@ -163,7 +152,7 @@ def run(config: str, kernels: list[str], rounds: int) -> dict:
         jax.block_until_ready(jax.device_put(host_block, on_device))
         if r >= 2:
             times["contiguous"].append(clock() - t)
-    calls = call_costs(caches[kernels[0]], prefixes[kernels[0]][0], rounds)
+    calls = call_costs(*built[kernels[0]], loads[kernels[0]], rounds)
     for cache in caches.values():
         cache.close()
     ms = lambda xs: round(statistics.median(xs) * 1e3, 4)

@@ -14,7 +14,7 @@ import pathlib
 import jax
 
 import hicache_jax as hc
-from hicache_jax.pools import Devices, HostRowFormat
+from hicache_jax.layout.rows import RowFormat
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -83,8 +83,7 @@ def check_memory(ap: argparse.ArgumentParser, layout: hc.PoolLayout, config: hc.
     device, host = config.page_counts(layout)
     gib = lambda n: f"{n / 2**30:,.2f} GiB"
     device_bytes = sum(layout.page_bytes_of(a) * n for a, n in device.items() if layout.moving_with(a))
-    devices = Devices.create(None)
-    host_bytes = sum(HostRowFormat.create(layout, a, devices, config.transfer.layer_groups).stored_row_bytes * n
+    host_bytes = sum(RowFormat.create(layout, a, 1, config.transfer.layer_groups).stored_row_bytes * n
                      for a, n in host.items() if layout.moving_with(a))
     ram = available_memory_bytes()
     limit, where = device_memory_bytes()

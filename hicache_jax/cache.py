@@ -62,40 +62,40 @@ class HiCache:
             raise ValueError(f"HiCache's clock must be a callable returning seconds, got {clock!r}")
         self.layout, self.config = layout, config
         device, host = config.page_counts(layout)
-        self.core = TreeCore(layout, device_pages=device, host_pages=host, write_policy=config.write_policy,
+        self._core = TreeCore(layout, device_pages=device, host_pages=host, write_policy=config.write_policy,
                              write_threshold=config.write_through_threshold,
                              load_back_threshold=config.load_back_threshold,
                              load_cost=LoadCost(config.recompute_seconds_per_token, config.link_bytes_per_second),
                              prefetch_share=config.storage.prefetch_share)
-        self.engine = engine if engine is not None else TransferEngine(
+        self._engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, config.transfer)
-        self._pools = self.engine.init_device_pools()
+        self._pools = self._engine.init_device_pools()
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         # On NVIDIA GPUs a step that lands a load stored in several layer groups computed other
         # logits than the same step with no landing, though every landed byte was right
         # (README, "Limits"): there, deferred loads of a grouped host tier move as blocking ones.
-        self._defer = config.transfer.layer_groups == 1 or self.engine.devices.device.platform != "gpu"
+        self._defer = config.transfer.layer_groups == 1 or self._engine.devices.device.platform != "gpu"
         if not self._defer:
             log.warning("layer_groups=%d on a GPU: deferred load-backs move as blocking ones here "
                         "(a step landing grouped parts is not bit-identical on this backend yet)",
                         config.transfer.layer_groups)
-        self.counters = TransferCounters()
-        self._transfers = TransferDriver(layout, self.core, self.engine, self.counters, clock,
+        self._counters = TransferCounters()
+        self._transfers = TransferDriver(layout, self._core, self._engine, self._counters, clock,
                                          config.transfer.timeout_s)
         self._storage = None
         if storage is not None or config.storage.enabled:
             backend = storage if storage is not None else open_store(config.storage)
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
-            self._storage = StorageLink(layout, config, self.core, self.engine, backend, tp)
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.registry.register(StatsCollector(self.stats, lambda: self.counters.settled().durations,
+            self._storage = StorageLink(layout, config, self._core, self._engine, backend, tp)
+        self._registry = CollectorRegistry(auto_describe=True)
+        self._registry.register(StatsCollector(self.stats, lambda: self._counters.settled().durations,
                                               tuple(p.name for p in layout.byte_pools)))
 
     # -- what a serving loop needs to know --------------------------------------------------
     @property
     def anchor(self) -> str:
         """The anchor allocator's name: the key of a grant's (and a table's) anchor pages."""
-        return self.core.anchor
+        return self._core.anchor
 
     @property
     def swa_allocator(self) -> str | None:
@@ -110,7 +110,7 @@ class HiCache:
     def empty_device_pools(self) -> dict[str, jax.Array]:
         """Zero-filled pools of the same shapes and placement as `device_pools`, owned by the
         caller (e.g. to run the model with no cache at all)."""
-        return self.engine.init_device_pools()
+        return self._engine.init_device_pools()
 
     def warmup(self, max_pages: int | None = None) -> None:
         """Compile the transfer programs of every plan of up to `max_pages` pages per chunk,
@@ -118,15 +118,15 @@ class HiCache:
         hands its page index over (see `TransferEngine.warmup`)."""
         if max_pages is not None:
             validate.count("max_pages", max_pages, minimum=1)
-        self.engine.warmup(max_pages)
-        self._pools = self.engine.warm_landings(self._pools)
+        self._engine.warmup(max_pages)
+        self._pools = self._engine.warm_landings(self._pools)
 
     def landing_examples(self):
         """One `Landing` of every shape a deferred load can hand to a step, landing nothing:
         run the serving loop's step on each at warm-up (as on a request's first prefill
         chunk), so that no host hit compiles the step while serving. An iterator: each
         holds a pinned block of its size until dropped."""
-        return self.engine.landing_examples()
+        return self._engine.landing_examples()
 
     # -- device pools ----------------------------------------------------------------------
     @property
@@ -137,7 +137,7 @@ class HiCache:
     def set_device_pools(self, pools: Mapping[str, jax.Array], landed=None) -> None:
         """Adopt the pools a jitted step returned; wrong pools raise ValueError, nothing changes.
         `landed`: the `Landing` of a deferred load that this step landed (`Landing.schedule`)."""
-        self.engine.check_device_pools(pools)
+        self._engine.check_device_pools(pools)
         if landed is not None:
             self._transfers.landed(landed, next(iter(pools.values())))
         self._pools = dict(pools)
@@ -146,9 +146,9 @@ class HiCache:
     def match_prefix(self, tokens) -> MatchResult:
         """The longest usable prefix on device, and how much more a load-back would bring."""
         tokens = as_tokens(tokens)
-        m = self.core.match_prefix(tokens)
-        self.counters.requested_tokens += len(tokens)
-        self.counters.device_hit_tokens += m.device_len
+        m = self._core.match_prefix(tokens)
+        self._counters.requested_tokens += len(tokens)
+        self._counters.device_hit_tokens += m.device_len
         return self._checked(m)
 
     def load_back(self, match: MatchResult, deferred: bool = False) -> LoadBack:
@@ -166,17 +166,17 @@ class HiCache:
         """`load_back`; when `patient`, backups in flight that pin the room it needs are
         waited for rather than refused."""
         if not deferred:   # a large block starts its copy while the tree plans
-            self.engine.copy_early(self.anchor, match.host_len // self.layout.page_size,
-                                 lambda: self.core.anchor_host_pages(match))
-        job = self.core.start_load(match)
+            self._engine.copy_early(self.anchor, match.host_len // self.layout.page_size,
+                                 lambda: self._core.anchor_host_pages(match))
+        job = self._core.start_load(match)
         self._flush_demotions()
         while job is Refusal.NO_DEVICE_SPACE and patient and self._land_in_flight(loads=True):
-            job = self.core.start_load(match)
+            job = self._core.start_load(match)
             self._flush_demotions()
         if not isinstance(job, LoadJob):
             return self._checked(self._refused(match, job))
         if not self._start(job.transfer, job.plan, host_tokens=job.length - match.device_len, deferred=deferred):
-            self.core.unlock(job.lock)
+            self._core.unlock(job.lock)
             return self._checked(self._refused(match, Refusal.FAILED))
         return self._checked(LoadBack(job.load_id, None, job.length, job.loaded_tokens, job.device_pages,
                                       job.window_pages.get(self._swa, _EMPTY), job.node, job.lock,
@@ -200,14 +200,14 @@ class HiCache:
         if load_back and m.pending_len and self._land_in_flight():
             # the host copies it stopped at have landed: match again (the device part, and so
             # the hit tallies, cannot have changed: landing a backup moves no device page)
-            m = self._checked(self.core.match_prefix(tokens))
+            m = self._checked(self._core.match_prefix(tokens))
         fetched = (0, 0)              # pages just prefetched from storage: [first, end)
         if load_back and self._storage is not None:
             tid = self._storage.prefetch(tokens)
             got = None if tid is None else self._storage.finish(tid, self.config.storage.prefetch_wait_s(len(tokens)))
             if got is not None and got[1] > got[0]:
                 fetched = got
-                m = self._checked(self.core.match_prefix(tokens))
+                m = self._checked(self._core.match_prefix(tokens))
         lock = self.lock(m.device_node)
         refused = None
         if load_back and m.host_len:
@@ -217,7 +217,7 @@ class HiCache:
                 self.unlock(lock)
                 page = self.layout.page_size
                 from_storage = max(0, min(lb.length, fetched[1] * page) - fetched[0] * page)
-                self.counters.storage_hit_tokens += from_storage
+                self._counters.storage_hit_tokens += from_storage
                 return Prefix(lb.length, lb.device_pages, lb.swa_pages, lb.lock, m.device_len,
                               lb.length - m.device_len, storage_tokens=from_storage, landing=lb.landing)
             if lb.started:
@@ -236,7 +236,7 @@ class HiCache:
         if not load.started:
             return False
         tid = TransferId(Direction.LOAD, load.load_id)
-        if tid in self.core.in_flight():
+        if tid in self._core.in_flight():
             self._complete(tid, blocking=True)
         return not self._transfers.take_failure(load.load_id)
 
@@ -249,20 +249,20 @@ class HiCache:
         waits for all (landing deferred loads no step took) and tries again, so a refusal does
         not depend on the link's speed or a failure; `device_room()` then says what each
         allocator could give. The pages are the caller's until `insert` or `free`."""
-        need = validate.page_needs(self.core.anchor, self._swa, pages, swa_pages)
-        device = self.core.ledger.allocators(Tier.DEVICE)
-        if any(n > device[a].capacity - self.core.held_pages(a) for a, n in need.items()):
+        need = validate.page_needs(self._core.anchor, self._swa, pages, swa_pages)
+        device = self._core.ledger.allocators(Tier.DEVICE)
+        if any(n > device[a].capacity - self._core.held_pages(a) for a, n in need.items()):
             return None     # more than every page not held by a request: waiting cannot help
-        got = self.core.alloc_device(need)
+        got = self._core.alloc_device(need)
         self._flush_demotions()
         while got is None and self._land_in_flight(loads=True):
-            got = self.core.alloc_device(need)
+            got = self._core.alloc_device(need)
             self._flush_demotions()
         return self._checked(got)
 
     def device_room(self) -> dict[str, int]:
         """Per allocator, the pages `alloc` could grant: free + the tree's pages no lock pins."""
-        return self.core.device_room()
+        return self._core.device_room()
 
     def _land_in_flight(self, loads: bool = False) -> bool:
         """Dispatch queued backups and wait for all in flight (and the loads, when `loads`:
@@ -276,13 +276,13 @@ class HiCache:
     def free(self, allocator: str, pages) -> None:
         """Give back held device pages not given to `insert` (i32 page ids of `allocator`, e.g.
         `cache.anchor`); pages not held by a request raise ValueError, nothing freed."""
-        self.core.free_device(allocator, pages)
+        self._core.free_device(allocator, pages)
         self._checked(None)
 
     def insert(self, tokens, device_pages, swa_pages: Mapping[int, int] | None = None) -> InsertResult:
         """Register a request's computed pages (whole pages only); see `Inserter.insert`.
         `swa_pages`: {logical page: held SWA page} whose window data the tree should keep."""
-        return self._checked(self.core.insert(tokens, device_pages, validate.windows(self._swa, swa_pages)))
+        return self._checked(self._core.insert(tokens, device_pages, validate.windows(self._swa, swa_pages)))
 
     def retract(self, tokens, device_pages, swa_pages: Mapping[int, int] | None = None) -> int:
         """A request leaves mid-flight: keep its whole pages, free the rest; return the
@@ -294,12 +294,12 @@ class HiCache:
         whole = len(tokens) // self.layout.page_size
         swa = validate.page_map("swa_pages", swa_pages)
         keep = {k: v for k, v in swa.items() if k < whole}
-        res = self.core.insert(tokens[: whole * self.layout.page_size], pages[:whole], validate.windows(self._swa, keep))
+        res = self._core.insert(tokens[: whole * self.layout.page_size], pages[:whole], validate.windows(self._swa, keep))
         if pages.size > whole:
-            self.core.free_device(self.core.anchor, pages[whole:])
+            self._core.free_device(self._core.anchor, pages[whole:])
         extra = [v for k, v in swa.items() if k >= whole]
         if extra:
-            self.core.free_device(self._swa, extra)
+            self._core.free_device(self._swa, extra)
         return self._checked(res.cached_len)
 
     def lock(self, node: NodeId) -> LockId:
@@ -307,11 +307,11 @@ class HiCache:
         `unlock`: its pages and its window's SWA pages are not evicted meanwhile. Lock right
         after `match_prefix`, before anything else can evict. A node whose pages are not
         (or no longer) on device raises ValueError."""
-        return self._checked(self.core.lock(node))
+        return self._checked(self._core.lock(node))
 
     def unlock(self, lock: LockId) -> None:
         """Release a lock from `lock`, `acquire` (`Prefix.lock`) or `load_back` (`LoadBack.lock`)."""
-        self.core.unlock(lock)
+        self._core.unlock(lock)
         self._checked(None)
 
     def evict(self, num_pages: int, swa_pages: int = 0) -> EvictResult:
@@ -319,10 +319,17 @@ class HiCache:
         recently used first (locked prefixes never): backed-up pages stay on the host,
         unbacked ones are backed up first under write-back, else dropped and counted.
         Returns what was freed (less when too little is evictable)."""
-        res = self.core.evict_device(validate.page_needs(self.core.anchor, self._swa, num_pages, swa_pages,
+        res = self._core.evict_device(validate.page_needs(self._core.anchor, self._swa, num_pages, swa_pages,
                                                          "num_pages"))
         self._flush_demotions()
         return self._checked(res)
+
+    def evict_host(self, num_pages: int, swa_pages: int = 0) -> int:
+        """Free at least `num_pages` anchor and `swa_pages` SWA host pages now, least recently
+        used host leaves first (a leaf's every pool at once); returns the anchor pages freed
+        (less when too little is evictable). The storage tier, if any, keeps what it stored."""
+        need = validate.page_needs(self._core.anchor, self._swa, num_pages, swa_pages, "num_pages")
+        return self._checked(self._core.evict_host(need))
 
     def pace_backups(self, bytes_per_step: int | None) -> None:
         """From now on, cut write-through backups into pieces of at most `bytes_per_step` and
@@ -372,14 +379,14 @@ class HiCache:
             self._storage.close()
 
     def _flush_demotions(self) -> None:
-        if self.core.needs_flush:
+        if self._core.needs_flush:
             self._dispatch_backups()
 
     def _dispatch_backups(self) -> int | None:
         """Start queued backups: their tokens (0 if it failed to start); None if none was queued."""
         # a queued demotion's device pages are free already: its batch goes whole, now
-        pieces = None if self.core.needs_flush else self.config.transfer.backup_bytes_per_step
-        if (batch := self.core.take_backup_batch()) is None:
+        pieces = None if self._core.needs_flush else self.config.transfer.backup_bytes_per_step
+        if (batch := self._core.take_backup_batch()) is None:
             return None
         return batch.tokens if self._start(batch.transfer, batch.plan, piece_bytes=pieces) else 0
 
@@ -389,22 +396,43 @@ class HiCache:
         return started
 
     # -- introspection ------------------------------------------------------------------------
+    @property
+    def landing_sizes(self) -> tuple[int, ...]:
+        """The block sizes (pages) a deferred load may leave to a step (`TransferConfig.landing_buckets`)."""
+        return self._engine.landing_sizes
+
+    def on_program_call(self, hook) -> None:
+        """Instrumentation: every transfer program this cache runs is called as
+        `hook(label, program, *args)` from now on (see `TransferEngine.on_program_call`)."""
+        self._engine.on_program_call(hook)
+
+    def time_phases(self) -> dict[str, float]:
+        """Instrumentation (benchmarks): from now on, the seconds this cache's calls spend in
+        each phase of a host hit add up in the returned dict: `match` (the tree's match),
+        `plan` (the tree's load planning), `dispatch` (the engine's start), `wait` (waiting
+        for a transfer to end and applying its end)."""
+        spent: dict[str, float] = {}
+        for name, owner, method in (("match", self._core, "match_prefix"), ("plan", self._core, "start_load"),
+                                    ("dispatch", self._engine, "start"), ("wait", self._transfers, "complete")):
+            setattr(owner, method, _timed(spent, name, getattr(owner, method)))
+        return spent
+
     def stats(self) -> CacheStats:
         """A frozen snapshot of every number this cache counts (the same as `metrics_text`)."""
-        in_flight = self.core.in_flight()
-        return snapshot(self.layout, self.core, self.counters,
+        in_flight = self._core.in_flight()
+        return snapshot(self.layout, self._core, self._counters,
                         {d.value: sum(t.direction is d for t in in_flight) for d in Direction},
-                        self._storage.stats() if self._storage is not None else None, self.engine.host.block_counts())
+                        self._storage.stats() if self._storage is not None else None, self._engine.host.block_counts())
 
     def metrics_text(self) -> str:
         """The Prometheus text exposition of this cache's metrics."""
-        return generate_latest(self.registry).decode()
+        return generate_latest(self._registry).decode()
 
     def check_invariants(self) -> None:
         """Recompute every conservation law of the control plane; validate the device pools."""
-        self.core.check_invariants()
-        self.engine.check_device_pools(self._pools)
-        unmoved = sorted(str(t) for t in self.core.in_flight() if self.core.carrier(t) is None)
+        self._core.check_invariants()
+        self._engine.check_device_pools(self._pools)
+        unmoved = sorted(str(t) for t in self._core.in_flight() if self._core.carrier(t) is None)
         if unmoved:
             raise AssertionError(f"bug: transfers in flight with nothing moving them: {unmoved}")
 
@@ -419,3 +447,13 @@ class HiCache:
         if self.config.check_invariants:
             self.check_invariants()
         return value
+
+
+def _timed(spent: dict[str, float], name: str, fn: Callable) -> Callable:
+    def timed(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
+    return timed

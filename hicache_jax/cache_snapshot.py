@@ -21,7 +21,7 @@ def save(cache, directory: str | os.PathLike[str], overwrite: bool = False) -> i
     """Write `cache`'s host-resident prefixes to `directory`; returns the nodes saved."""
     from hicache_jax.storage.snapshot import save_snapshot
     cache.drain()
-    core, page = cache.core, cache.layout.page_size
+    core, page = cache._core, cache.layout.page_size
     ids = core.host_copies()
     index = {nid: i for i, nid in enumerate(ids)}
     tokens, nodes = [], []
@@ -32,9 +32,9 @@ def save(cache, directory: str | os.PathLike[str], overwrite: bool = False) -> i
         first = len(copy.tokens) // page - len(node.tokens) // page
         entry = {"parent": index.get(node.parent.id, -1), "tokens": len(node.tokens), "pages": {}}
         for allocator, host_pages in copy.host_pages.items():
-            if host_pages.size == 0 or allocator not in cache.engine.host.formats:
+            if host_pages.size == 0 or allocator not in cache._engine.host.formats:
                 continue
-            rows.setdefault(allocator, []).append(cache.engine.read_host_rows(allocator, host_pages))
+            rows.setdefault(allocator, []).append(cache._engine.read_host_rows(allocator, host_pages))
             at = used.get(allocator, 0)
             entry["pages"][allocator] = {"logical": (copy.logical_pages[allocator] - first).tolist(), "row": at}
             used[allocator] = at + host_pages.size
@@ -50,7 +50,7 @@ def save(cache, directory: str | os.PathLike[str], overwrite: bool = False) -> i
 def restore(cache, directory: str | os.PathLike[str]) -> int:
     """Bring a snapshot back into `cache`, which must be empty; returns the nodes restored."""
     from hicache_jax.storage.snapshot import load_snapshot
-    core, page = cache.core, cache.layout.page_size
+    core, page = cache._core, cache.layout.page_size
     if core.tree.num_nodes:
         raise ValueError("restore_snapshot needs an empty cache (this one already holds prefixes)")
     snap = load_snapshot(directory)
@@ -76,7 +76,7 @@ def restore(cache, directory: str | os.PathLike[str]) -> int:
         for allocator, p in entry["pages"].items():
             old = snap.buffers[f"rows/{allocator}"][p["row"]:p["row"] + len(p["logical"])]
             if len(old):
-                cache.engine.write_host_rows(allocator, got[allocator], old)
+                cache._engine.write_host_rows(allocator, got[allocator], old)
         logical = {a: start + np.asarray(p["logical"], np.int64) for a, p in entry["pages"].items()}
         first, end = core.attach_host(prefix, start, got, logical)
         if end - first != len(own) // page:

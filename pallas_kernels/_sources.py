@@ -11,7 +11,7 @@ import jax
 import numpy as np
 
 from pallas_kernels.indices import check_indices
-from pallas_kernels.row_layout import RowLayout, layer_ranges, row_layout, source_dims
+from pallas_kernels.pack_layout import PackLayout, layer_ranges, pack_layout, source_dims
 
 BACKENDS = ("mosaic_gpu", "triton", "tpu")
 # Every name `impl=` takes: "auto", a backend, the backend interpreted on the CPU, or plain jnp.
@@ -75,7 +75,7 @@ def backend_module(backend: str):
 
 def describe(sources: Sequence[jax.Array], backend: str, block_bytes: int | None,
              align_bytes: int = 1, layers: Sequence[tuple[int, int, int]] | None = None,
-             disjoint: bool = False) -> tuple[RowLayout, int]:
+             disjoint: bool = False) -> tuple[PackLayout, int]:
     """(row layout, num_pages) of `sources` for `backend`, its segments `layers` (None:
     every source whole); ValueError if the sources do not share dtype and page count, if
     the backend cannot move pages of their size, or if `layers` is bad (`layer_ranges`;
@@ -99,10 +99,10 @@ def describe(sources: Sequence[jax.Array], backend: str, block_bytes: int | None
         dims.append((layers_i, elems))
     ranges = layer_ranges([d[0] for d in dims], layers, disjoint=disjoint)
     block = DEFAULT_BLOCK_BYTES[backend] if block_bytes is None else block_bytes
-    return row_layout(dims, itemsize, block, align_bytes, granule, ranges), pages
+    return pack_layout(dims, itemsize, block, align_bytes, granule, ranges), pages
 
 
-def used_only(layout: RowLayout, sources: Sequence) -> tuple[RowLayout, list, list[int]]:
+def used_only(layout: PackLayout, sources: Sequence) -> tuple[PackLayout, list, list[int]]:
     """(layout, sources, their indices in `sources`) with the sources no segment names
     left out and the segments renumbered to match (the kernels then never see them)."""
     used = sorted({seg.source for seg in layout.segments})
@@ -128,7 +128,7 @@ def maybe_check(indices, num_pages: int, *, unique: bool) -> None:
     check_indices(indices, num_pages, unique=unique)
 
 
-def check_staging(staging, layout: RowLayout, dtype, min_rows: int, what: str) -> None:
+def check_staging(staging, layout: PackLayout, dtype, min_rows: int, what: str) -> None:
     if staging.ndim != 2 or staging.shape[1] != layout.row_elems or staging.shape[0] < min_rows:
         raise ValueError(
             f"{what} must be [>= {min_rows}, {layout.row_elems}], got shape {tuple(staging.shape)}")

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 
 from pallas_kernels import _sources
 from pallas_kernels._triton_offsets import triton_can_address
-from pallas_kernels.row_layout import layer_ranges, padded_elems
+from pallas_kernels.pack_layout import layer_ranges, padded_elems
 
 
 def gather_pages(
@@ -22,7 +22,7 @@ def gather_pages(
     align_bytes: int = 1,
     layers: Sequence[tuple[int, int, int]] | None = None,  # (source, first layer, number of layers) per segment
 ) -> jax.Array:                    # [n, row_elems], or the updated `into`
-    """Row i of the result packs page `indices[i]` of every source (layout: `row_layout`).
+    """Row i of the result packs page `indices[i]` of every source (layout: `pack_layout`).
 
     Reads the sources only. A PAD entry's row holds page 0. Rows are padded with zeros to
     a multiple of `align_bytes`. With `into`, the rows are written into that buffer

@@ -1,6 +1,6 @@
 """Pack/unpack on NVIDIA GPUs (Hopper and newer) through Mosaic GPU: bulk async copies.
 
-A row is cut into blocks (`row_layout` with a 16-byte granule: the bulk copy engine moves
+A row is cut into blocks (`pack_layout` with a 16-byte granule: the bulk copy engine moves
 multiples of 16 bytes between 16-byte aligned addresses). One *item* is one block of one
 row; items are numbered row-major, so consecutive items touch consecutive staging bytes,
 and a persistent grid of G blocks (CTAs) deals them out round-robin:
@@ -35,7 +35,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import mosaic_gpu as plgpu
 
 from pallas_kernels.indices import PAD
-from pallas_kernels.row_layout import RowLayout
+from pallas_kernels.pack_layout import PackLayout
 
 SMEM_BYTES_PER_CTA = 96 << 10   # two CTAs fit on one SM (227 KiB of shared memory on Hopper)
 # One CTA per SM: in one H200 run (jax 0.12.0.1) it beat two per SM at the batch sizes the
@@ -56,26 +56,26 @@ class Plan(NamedTuple):
 
 
 @functools.cache
-def _sm_count() -> int:
+def sm_count() -> int:
     """Streaming multiprocessors of the first GPU (a guess when jax does not say)."""
     device = jax.devices()[0]
     return int(getattr(device, "core_count", 0) or 132)
 
 
-def plan(layout: RowLayout, itemsize: int, n: int, interpret: bool, slots: int | None = None,
+def plan(layout: PackLayout, itemsize: int, n: int, interpret: bool, slots: int | None = None,
          ctas: int | None = None, lag: int = LAG) -> Plan:
     """The ring and grid for `n` rows of `layout` (defaults: module constants)."""
     slot_elems = max(seg.block_elems for seg in layout.segments)
     if slots is None:
         slots = max(2, min(MAX_SLOTS, SMEM_BYTES_PER_CTA // (slot_elems * itemsize)))
     if ctas is None:
-        ctas = INTERPRET_CTAS if interpret else CTAS_PER_SM * _sm_count()
+        ctas = INTERPRET_CTAS if interpret else CTAS_PER_SM * sm_count()
     if slots < 2 or ctas < 1 or lag < 0:
         raise ValueError(f"need slots >= 2, ctas >= 1 and lag >= 0, got {slots}, {ctas} and {lag}")
     return Plan(slots, slot_elems, max(1, min(ctas, n * layout.num_blocks)), min(lag, slots - 1))
 
 
-def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: jax.Array | None,
+def gather(layout: PackLayout, flat: list[jax.Array], indices: jax.Array, into: jax.Array | None,
            interpret: bool, **knobs) -> jax.Array:
     """Rows [0, n) of the result (or of `into`) pack pages `indices` (PAD reads page 0).
     `knobs`: `plan`'s slots, ctas, lag (benchmarks)."""
@@ -98,7 +98,7 @@ def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: j
     return jax.freeze(out)
 
 
-def scatter(layout: RowLayout, flat: list[jax.Array], staging: jax.Array, indices: jax.Array,
+def scatter(layout: PackLayout, flat: list[jax.Array], staging: jax.Array, indices: jax.Array,
             interpret: bool, **knobs) -> tuple[jax.Array, ...]:
     """The sources with row i of `staging` written to page `indices[i]` (PAD: nothing).
 
@@ -145,7 +145,7 @@ def _call(body, plan_: Plan, dtype, out_type, interpret: bool):
         interpret=plgpu.InterpretGPUParams(detect_races=True) if interpret else False)
 
 
-def _ring(layout: RowLayout, n: int, plan_: Plan, buf, bars, src_of, dst_of, keep) -> None:
+def _ring(layout: PackLayout, n: int, plan_: Plan, buf, bars, src_of, dst_of, keep) -> None:
     """Move this CTA's items through the slot ring (module docstring).
 
     `src_of(i, j, seg, size)` / `dst_of(...)`: GMEM refs of item (row i, block j in

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from pallas_kernels import _sources
 from pallas_kernels._triton_offsets import triton_can_address
 from pallas_kernels.indices import PAD
-from pallas_kernels.row_layout import layer_ranges
+from pallas_kernels.pack_layout import layer_ranges
 
 
 def scatter_pages(

@@ -23,12 +23,12 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from pallas_kernels.indices import PAD
-from pallas_kernels.row_layout import RowLayout
+from pallas_kernels.pack_layout import PackLayout
 
 ROWS_PER_STEP = 8
 
 
-def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: jax.Array | None,
+def gather(layout: PackLayout, flat: list[jax.Array], indices: jax.Array, into: jax.Array | None,
            interpret: bool) -> jax.Array:
     """Rows [0, n) of the result (or of `into`) pack pages `indices` (PAD reads page 0)."""
     n = int(indices.shape[0])
@@ -50,7 +50,7 @@ def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: j
     return call(indices, *flat, *(() if into is None else (into,)))
 
 
-def scatter(layout: RowLayout, flat: list[jax.Array], staging: jax.Array, indices: jax.Array,
+def scatter(layout: PackLayout, flat: list[jax.Array], staging: jax.Array, indices: jax.Array,
             interpret: bool) -> tuple[jax.Array, ...]:
     """The sources with row i of `staging` written to page `indices[i]` (PAD: nothing)."""
     n = int(indices.shape[0])

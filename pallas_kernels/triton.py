@@ -1,7 +1,7 @@
 """Pack/unpack through the Pallas Triton lowering (deprecated since jax 0.11; see the README
 for where it is still the faster kernel).
 
-Each program copies one block of one row (see `row_layout`: power-of-two blocks): grid
+Each program copies one block of one row (see `pack_layout`: power-of-two blocks): grid
 axis 0 walks the blocks of a row, axis 1 the rows, so neighbouring programs touch
 neighbouring staging bytes. The gather writes `into` through `input_output_aliases`;
 the scatter aliases the sources to its outputs, so inside a jit that donates them only
@@ -16,12 +16,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from pallas_kernels.indices import PAD
-from pallas_kernels.row_layout import RowLayout
+from pallas_kernels.pack_layout import PackLayout
 
 MAX_PAGES_PER_CALL = 65535  # CUDA caps the second grid axis (one program per row) at 65535
 
 
-def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: jax.Array | None,
+def gather(layout: PackLayout, flat: list[jax.Array], indices: jax.Array, into: jax.Array | None,
            interpret: bool) -> jax.Array:
     """Rows [0, n) of the result (or of `into`) pack pages `indices` (PAD reads page 0)."""
     n = _check_rows(indices)
@@ -38,7 +38,7 @@ def gather(layout: RowLayout, flat: list[jax.Array], indices: jax.Array, into: j
     return call(indices, *flat, *(() if into is None else (into,)))
 
 
-def scatter(layout: RowLayout, flat: list[jax.Array], staging: jax.Array, indices: jax.Array,
+def scatter(layout: PackLayout, flat: list[jax.Array], staging: jax.Array, indices: jax.Array,
             interpret: bool) -> tuple[jax.Array, ...]:
     """The sources with row i of `staging` written to page `indices[i]` (PAD: nothing)."""
     n = _check_rows(indices)
@@ -60,7 +60,7 @@ def _check_rows(indices) -> int:
     return n
 
 
-def _gather_kernel(layout: RowLayout, num_sources: int, idx_ref, *refs):
+def _gather_kernel(layout: PackLayout, num_sources: int, idx_ref, *refs):
     # refs: the sources, then the aliased `into` buffer if given (never read), then the output
     src_refs, out_ref = refs[:num_sources], refs[-1]
     j, i = pl.program_id(0), pl.program_id(1)
@@ -73,7 +73,7 @@ def _gather_kernel(layout: RowLayout, num_sources: int, idx_ref, *refs):
             out_ref[i, pl.ds(dst, seg.block_elems)] = src[seg.first_layer + layer, page, pl.ds(off, seg.block_elems)]
 
 
-def _scatter_kernel(layout: RowLayout, num_sources: int, idx_ref, staging_ref, *refs):
+def _scatter_kernel(layout: PackLayout, num_sources: int, idx_ref, staging_ref, *refs):
     out_refs = refs[num_sources:]  # refs[:num_sources] are the aliased inputs: never read
     j, i = pl.program_id(0), pl.program_id(1)
     page = idx_ref[i]

@@ -1,7 +1,7 @@
 """Layer groups: the model's layers cut into `n` consecutive ranges, for loads a step overlaps.
 
 With `layer_groups = n`, the host tier keeps each page's bytes as `n` parts, part g holding
-the layers of group g of every pool (`HostRowFormat.parts`), so a model step can move group
+the layers of group g of every pool (`RowFormat.parts`), so a model step can move group
 g's part inside its jit while it computes the groups before it (`transfer/landing.py`).
 
     model layers   0 1 2 3 | 4 5 6 7 | 8 9 10        groups of 11 layers, n = 3

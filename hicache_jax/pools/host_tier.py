@@ -3,7 +3,7 @@
 Every write to the host tier (a backup's host run, rows restored from L3 or a snapshot)
 becomes its own pinned *block* of `2**k` consecutive host pages, made by `jax.device_put`
 of rows packed on the device: a tuple of arrays `[2**k, part_elems]`, one per stored part
-of the row (`HostRowFormat.parts`: one, unless the layers are grouped). Host page `p` of
+of the row (`RowFormat.parts`: one, unless the layers are grouped). Host page `p` of
 an allocator lives at row `p - start` of the block that wrote it last:
 
     host pages   0 ........ 63 64 .. 67 68 .............. 99
@@ -35,7 +35,7 @@ from jax.sharding import SingleDeviceSharding
 
 from hicache_jax.layout import PoolLayout
 from hicache_jax.pools.device_pools import checked_page_counts
-from hicache_jax.pools.host_rows import HostRowFormat
+from hicache_jax.layout.rows import RowFormat
 from hicache_jax.pools.placement import HOST_MEMORY, Devices
 
 NO_BLOCK = -1
@@ -134,7 +134,7 @@ class HostTier:
                  layer_groups: int = 1):
         self.devices = devices
         self.pages = checked_page_counts(layout, host_pages, "host_pages")
-        self.formats = {a: HostRowFormat.create(layout, a, devices, layer_groups) for a in self.pages}
+        self.formats = {a: RowFormat.create(layout, a, devices.tp, layer_groups) for a in self.pages}
         sizes = {a: self.pages[a] * f.stored_row_bytes for a, f in self.formats.items()}
         total = sum(sizes.values())
         if total > memory_limit_bytes:

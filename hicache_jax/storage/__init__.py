@@ -14,7 +14,7 @@ from hicache_jax.storage.guard import StorageOp
 from hicache_jax.storage.keys import KeySpace, ObjectKey, PageHash, layout_fingerprint, page_hashes
 from hicache_jax.storage.memory_backend import MemoryBackend
 from hicache_jax.storage.objects import CORRUPT, HEADER_BYTES, MissReason
-from hicache_jax.storage.rows import RowLayout, Segment
+from hicache_jax.storage.rows import ObjectSpan, PageObjects
 from hicache_jax.storage.stats import PoolStorageStats, StorageStats, metric_families
 from hicache_jax.config import StorageConfig
 from hicache_jax.storage.tier import GetResult, PutResult, StorageTier
@@ -38,7 +38,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "CORRUPT", "FaultyBackend", "GetResult", "HEADER_BYTES", "InjectedFault", "KeySpace", "MAX_BATCH_PAGES",
-    "MemoryBackend", "MissReason", "ObjectKey", "PageHash", "PoolStorageStats", "PutResult", "RowLayout", "Segment",
+    "MemoryBackend", "MissReason", "ObjectKey", "PageHash", "PoolStorageStats", "PutResult", "ObjectSpan", "PageObjects",
     "StorageBackend", "StorageConfig", "StorageOp", "StorageStats", "StorageTier", "layout_fingerprint",
     "metric_families", "open_backend", "page_hashes", *_LAZY,
 ]

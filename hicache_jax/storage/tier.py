@@ -32,7 +32,7 @@ from hicache_jax.storage.backend import MAX_BATCH_PAGES, StorageBackend, as_byte
 from hicache_jax.storage.guard import Guard, StorageOp
 from hicache_jax.storage.keys import KeySpace, PageHash, page_hashes
 from hicache_jax.storage.objects import HEADER_BYTES, MissReason, make_header, verify
-from hicache_jax.storage.rows import RowLayout, byte_allocators
+from hicache_jax.storage.rows import PageObjects, byte_allocators
 from hicache_jax.storage.stats import StorageCounters, StorageStats
 
 FIRST_BATCH_PAGES = 8   # pages of a lookup's first `exists` call
@@ -63,7 +63,7 @@ class StorageTier:
             raise ValueError(f"config must be a StorageConfig, got {type(config).__name__}")
         self.layout, self.backend, self.config = layout, backend, config
         self.keys = KeySpace(layout, config.model_id, tp)
-        self.rows = {a: RowLayout.create(self.keys, a) for a in byte_allocators(layout)}
+        self.rows = {a: PageObjects.create(self.keys, a) for a in byte_allocators(layout)}
         self.anchor = layout.anchor.name
         self.window = layout.swa_pool.name if layout.swa_pool is not None else None
         self.counters = StorageCounters([p.name for p in layout.byte_pools])
@@ -102,7 +102,7 @@ class StorageTier:
         """Read `pages` of `allocator` into `rows[row_ids]` in the background."""
         layout, pages = self._row_layout(allocator), _checked(pages)
         view, ids = self._row_view(layout, rows, row_ids, len(pages), write=True)
-        objects = len(pages) * len(layout.segments)
+        objects = len(pages) * len(layout.spans)
         return self.guard.submit("get", lambda: self._get(layout, pages, view, ids),
                                  lambda reason: GetResult(len(pages), 0, {str(reason): objects}))
 
@@ -111,7 +111,7 @@ class StorageTier:
         """Write `pages` of `allocator` from `rows[row_ids]` in the background."""
         layout, pages = self._row_layout(allocator), _checked(pages)
         view, ids = self._row_view(layout, rows, row_ids, len(pages), write=False)
-        objects = len(pages) * len(layout.segments)
+        objects = len(pages) * len(layout.spans)
         return self.guard.submit("put", lambda: self._put(layout, pages, view, ids),
                                  lambda reason: PutResult(len(pages), 0, 0, objects, reason))
 
@@ -137,7 +137,7 @@ class StorageTier:
         for start, stop in _batch_bounds(len(pages)):
             batch = pages[start:stop]
             self.counters.call("exists")
-            whole = self.backend.exists(self._texts(layout, batch)) // len(layout.segments)
+            whole = self.backend.exists(self._texts(layout, batch)) // len(layout.spans)
             found += whole
             if whole < len(batch):
                 break
@@ -165,20 +165,20 @@ class StorageTier:
                 return k
         return 0
 
-    def _get(self, layout: RowLayout, pages: list[PageHash], view: np.ndarray, ids: np.ndarray) -> GetResult:
+    def _get(self, layout: PageObjects, pages: list[PageHash], view: np.ndarray, ids: np.ndarray) -> GetResult:
         misses: Counter = Counter()
         served = 0
-        per_page = len(layout.segments)
+        per_page = len(layout.spans)
         headers = np.empty((min(len(pages), MAX_BATCH_PAGES) * per_page, HEADER_BYTES), np.uint8)
         for start in range(0, len(pages), MAX_BATCH_PAGES):
             batch = pages[start:start + MAX_BATCH_PAGES]
             texts = self._texts(layout, batch)
             into = [(headers[i * per_page + j], _payload(view, ids[start + i], seg))
-                    for i in range(len(batch)) for j, seg in enumerate(layout.segments)]
+                    for i in range(len(batch)) for j, seg in enumerate(layout.spans)]
             self.counters.call("get")
             sizes = self.backend.get(texts, into)
             good = []
-            for text, size, (header, payload), seg in zip(texts, sizes, into, layout.segments * len(batch), strict=True):
+            for text, size, (header, payload), seg in zip(texts, sizes, into, layout.spans * len(batch), strict=True):
                 reason = size if isinstance(size, MissReason) else verify(text, size, header, payload)
                 if reason is None:
                     self.counters.pool(seg.pool, read_objects=1, read_bytes=seg.nbytes)
@@ -192,9 +192,9 @@ class StorageTier:
                 break
         return GetResult(len(pages), served, dict(misses))
 
-    def _put(self, layout: RowLayout, pages: list[PageHash], view: np.ndarray, ids: np.ndarray) -> PutResult:
+    def _put(self, layout: PageObjects, pages: list[PageHash], view: np.ndarray, ids: np.ndarray) -> PutResult:
         written = skipped = failed = 0
-        per_page = len(layout.segments)
+        per_page = len(layout.spans)
         for start in range(0, len(pages), MAX_BATCH_PAGES):
             texts = self._texts(layout, pages[start:start + MAX_BATCH_PAGES])
             self.counters.call("contains")
@@ -202,16 +202,16 @@ class StorageTier:
             todo = [i for i, p in enumerate(present) if not p]
             for i, p in enumerate(present):
                 if p:
-                    self.counters.pool(layout.segments[i % per_page].pool, skipped_objects=1)
+                    self.counters.pool(layout.spans[i % per_page].pool, skipped_objects=1)
             skipped += len(present) - len(todo)
             if not todo:
                 continue
-            payloads = [_payload(view, ids[start + i // per_page], layout.segments[i % per_page]) for i in todo]
+            payloads = [_payload(view, ids[start + i // per_page], layout.spans[i % per_page]) for i in todo]
             objects = [(make_header(texts[i], p), p) for i, p in zip(todo, payloads)]
             self.counters.call("put")
             ok = self.backend.put([texts[i] for i in todo], objects)
             for i, done in zip(todo, ok, strict=True):
-                seg = layout.segments[i % per_page]
+                seg = layout.spans[i % per_page]
                 if done:
                     self.counters.pool(seg.pool, written_objects=1, written_bytes=seg.nbytes)
                 else:
@@ -222,15 +222,15 @@ class StorageTier:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _texts(self, layout: RowLayout, pages: Sequence[PageHash]) -> list[str]:
+    def _texts(self, layout: PageObjects, pages: Sequence[PageHash]) -> list[str]:
         return [k.text for k in self.keys.page_keys(layout.pools, pages)]
 
-    def _row_layout(self, allocator: str) -> RowLayout:
+    def _row_layout(self, allocator: str) -> PageObjects:
         if allocator not in self.rows:
             raise ValueError(f"no L3 objects for allocator {allocator!r} (allocators with bytes: {sorted(self.rows)})")
         return self.rows[allocator]
 
-    def _row_view(self, layout: RowLayout, rows: np.ndarray, row_ids: Sequence[int], n: int,
+    def _row_view(self, layout: PageObjects, rows: np.ndarray, row_ids: Sequence[int], n: int,
                   write: bool) -> tuple[np.ndarray, np.ndarray]:
         if not isinstance(rows, np.ndarray) or rows.ndim != 2:
             raise ValueError(f"rows must be a 2-D numpy array [host_pages, row_elems], got {type(rows).__name__} "

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 import jax
 import jax.numpy as jnp
@@ -35,7 +35,7 @@ from hicache_jax.config import TransferConfig
 from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
-from hicache_jax.pools import DevicePools, Devices, HostRowFormat, HostTier, checked_page_counts, shard_on
+from hicache_jax.pools import DevicePools, Devices, HostTier, RowFormat, checked_page_counts, shard_on
 from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer import chunks as chunking, warm
 from hicache_jax.transfer.blocks import HostBlocks
@@ -92,7 +92,7 @@ class TransferEngine:
         self.kernels = resolve_kernels(config.kernels, self.devices.device, layout)
         chunk_pages = {}
         for a in self._device.pages:  # before the host tier is allocated: fail fast
-            row_bytes = HostRowFormat.create(layout, a, self.devices).rank_row_bytes
+            row_bytes = RowFormat.create(layout, a, self.devices.tp).rank_row_bytes
             pages = _floor_pow2(config.max_staging_bytes // row_bytes)
             if pages < 1:
                 raise ValueError(f"max_staging_bytes = {config.max_staging_bytes:,} is smaller than one page of "
@@ -298,7 +298,35 @@ class TransferEngine:
         """Overwrite one host page with `{pool: [num_layers, *page_shape]}` (whole pages)."""
         self.write_host_rows(allocator, [host_page], self._allocator(allocator).fmt.encode(pages)[None])
 
-    # -- introspection ------------------------------------------------------------------------
+    # -- introspection and instrumentation (tests, benchmarks) ------------------------------------
+    def on_program_call(self, hook: Callable | None) -> None:
+        """From now on, every transfer program this engine runs is called as
+        `hook(label, program, *args)`, which calls `program(*args)` (or stands in for it) and
+        returns its result: a seam to time, record or replace a program (None: no hook)."""
+        for progs in self._programs.values():
+            progs.hook = hook
+        self._plan_programs.hook = hook
+
+    def plan_program(self, backup: bool, runs: tuple[tuple, ...]):
+        """The one program that moves a plan whose allocators each move as one chunk: `runs`
+        = `((allocator, pages), ...)` for a backup, `((allocator, pages, on device), ...)`
+        for a load (as `on_program_call` labels it: "plan:pack[...]" / "plan:load_block[...]"),
+        compiled on first use."""
+        return self._plan_programs.compiled(backup, tuple(tuple(r) for r in runs))
+
+    def program(self, allocator: str, name: str, *key: int):
+        """The compiled program `name` (`Program`) of `allocator` for shape `key`, compiled on first use."""
+        return self._allocator(allocator).compiled(Program(name), *key)
+
+    def row_format(self, allocator: str) -> RowFormat:
+        """How `allocator`'s host rows are packed."""
+        return self._allocator(allocator).fmt
+
+    @property
+    def device_pages(self) -> dict[str, int]:
+        """Device pages per allocator."""
+        return dict(self._device.pages)
+
     def chunk_pages(self, allocator: str) -> int:
         """Pages per chunk (staging rows) of `allocator`."""
         return self._allocator(allocator).chunk_pages

@@ -4,7 +4,7 @@ A blocking load-back moves a prefix before the model's first step can start. A *
 one (`HiCache.load_back(match, deferred=True)`) dispatches nothing for one whole anchor
 block it would move (the largest of a landing size, `TransferEngine.landing_sizes`; the
 rest moves at once); it returns a `Landing` instead: a pytree of that pinned block (one
-array per layer group, `HostRowFormat.parts`) and the device pages it goes to. The
+array per layer group, `RowFormat.parts`) and the device pages it goes to. The
 serving loop passes it into its jitted step, which lands each group just before the
 first layer that reads it:
 

@@ -6,7 +6,7 @@
     Pieces          anything else: each piece (rows of one block) is copied into the
                     staging buffer, then the staging rows are unpacked
 
-Host blocks are tuples of one pinned array per stored part of the row (`HostRowFormat.parts`).
+Host blocks are tuples of one pinned array per stored part of the row (`RowFormat.parts`).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ moved by itself is a DMA on the copy engines. Programs never write host memory: 
 packs rows on the device and the engine hands them to `jax.device_put` (outside any jit,
 so the copy runs beside the model's next step instead of in its stream):
 
-Rows travel as a tuple of the row's stored parts (`HostRowFormat.parts`: one per layer
+Rows travel as a tuple of the row's stored parts (`RowFormat.parts`: one per layer
 group; one part, the whole row, by default), and so do blocks and the staging buffer:
 
     backup:  pack(S)            pools (read), idx i32[S] -> rows [S, part_elems] per part (device)
@@ -47,7 +47,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
-from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, HostRowFormat
+from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, RowFormat
 from hicache_jax.transfer.host_check import host_compute_violations
 
 _DEVICE = jax.memory.Space.Device
@@ -74,7 +74,7 @@ class AllocatorPrograms:
     stand-in does not carry its memory space into the jaxpr).
     """
 
-    def __init__(self, fmt: HostRowFormat, pool_shapes: list[tuple[int, ...]], devices: Devices,
+    def __init__(self, fmt: RowFormat, pool_shapes: list[tuple[int, ...]], devices: Devices,
                  host_example: Callable[[int], jax.Array], host_sharding: jax.sharding.Sharding, chunk_pages: int,
                  impl: str, block_bytes: int):
         self.fmt, self.devices = fmt, devices
@@ -101,6 +101,7 @@ class AllocatorPrograms:
                                           align_bytes=ROW_ALIGN_BYTES)
         self._cache: dict[tuple, jax.stages.Compiled] = {}
         self.jaxprs: dict[str, object] = {}
+        self.hook: Callable | None = None   # instrumentation: `TransferEngine.on_program_call`
         self._identity = (fmt, tuple(map(tuple, pool_shapes)), devices.mesh, devices.device, impl, block_bytes,
                           chunk_pages)
 
@@ -125,6 +126,8 @@ class AllocatorPrograms:
             label = f"{self.fmt.allocator}:{name}{list(key)}"
             program = self._cache[full] = _shared(
                 (self._identity, full), label, self.jaxprs, lambda: _BUILDERS[name](self, *key))
+        if self.hook is not None:
+            return functools.partial(self.hook, f"{self.fmt.allocator}:{name}{list(key)}", program)
         return program
 
     # -- pack / unpack, placed ---------------------------------------------------------------
@@ -247,6 +250,7 @@ class PlanPrograms:
         self._cache: dict[tuple, jax.stages.Compiled] = {}   # by (backup, runs)
         self._labels: dict[tuple, str] = {}
         self.jaxprs: dict[str, object] = {}
+        self.hook: Callable | None = None   # instrumentation: `TransferEngine.on_program_call`
 
     def compiled(self, backup: bool, runs: tuple[tuple[str, int], ...]) -> jax.stages.Compiled:
         program = self._cache.get((backup, runs))
@@ -257,6 +261,8 @@ class PlanPrograms:
             program = self._cache[(backup, runs)] = _shared(identity, label, self.jaxprs,
                                                             lambda: self._build(backup, runs, name))
             self._labels[(backup, runs)] = label
+        if self.hook is not None:
+            return functools.partial(self.hook, self._labels[(backup, runs)], program)
         return program
 
     def _build(self, backup: bool, runs, name: Program):

@@ -6,6 +6,7 @@ import jax
 import numpy as np
 
 import hicache_jax as hc
+from hicache_jax.transfer import TransferEngine
 from hicache_jax.tree import Tier
 from hicache_jax.plan import Direction
 
@@ -107,7 +108,7 @@ class FaultyEngine:
 
 def faulty_cache(layout, config, slow=(), clock=time.monotonic, storage=None):
     """A HiCache over a `FaultyEngine` wrapping a real one; directions in `slow` start slow."""
-    faulty = FaultyEngine(hc.HiCache(layout, config).engine)
+    faulty = FaultyEngine(TransferEngine(layout, *config.page_counts(layout), None, config.transfer))
     faulty.slow.update(slow)
     return hc.HiCache(layout, config, engine=faulty, clock=clock, storage=storage), faulty
 
@@ -118,10 +119,10 @@ def empty_everything(cache):
     for _ in range(8):
         cache.evict(10 ** 6, 10 ** 6 if cache.swa_allocator else 0)
         cache.drain()
-        cache.core.evict_host(dict.fromkeys(cache.core.components.names, 10 ** 6))
+        cache._core.evict_host(dict.fromkeys(cache._core.components.names, 10 ** 6))
     cache.check_invariants()
-    assert cache.core.tree.num_nodes == 0
-    for alloc in [*cache.core.ledger.allocators(Tier.DEVICE), *cache.core.ledger.allocators(Tier.HOST)]:
+    assert cache._core.tree.num_nodes == 0
+    for alloc in [*cache._core.ledger.allocators(Tier.DEVICE), *cache._core.ledger.allocators(Tier.HOST)]:
         assert alloc.num_free == alloc.capacity, alloc
 
 

@@ -72,7 +72,7 @@ def test_budgets_must_cover_the_allocators_and_fit_the_host_limit():
 
 
 def test_bad_calls_change_nothing(cache):
-    stats, held = cache.stats(), cache.core.held_pages("kv")
+    stats, held = cache.stats(), cache._core.held_pages("kv")
     with pytest.raises(ValueError, match="neither held"):
         cache.insert(seq([5]), [5])
     with pytest.raises(ValueError, match="not held"):
@@ -83,7 +83,7 @@ def test_bad_calls_change_nothing(cache):
         cache.unlock(hc.tree.LockId(999))
     with pytest.raises(ValueError, match="-1"):
         cache.evict(-1)
-    assert cache.stats() == stats and cache.core.held_pages("kv") == held
+    assert cache.stats() == stats and cache._core.held_pages("kv") == held
     cache.check_invariants()
 
 
@@ -96,7 +96,7 @@ def test_retract_keeps_whole_pages_only():
     resume = c.retract(tokens, grant["kv"], {1: int(grant["swa"][1]), 2: int(grant["swa"][2])})
     c.free("swa", [int(grant["swa"][0])])
     assert resume == 2 * P
-    assert c.core.held_pages("kv") == 0 and c.core.held_pages("swa") == 0
+    assert c._core.held_pages("kv") == 0 and c._core.held_pages("swa") == 0
     m = c.match_prefix(tokens)
     assert m.device_len == 2 * P and m.host_len == 0
     c.check_invariants()

@@ -33,7 +33,7 @@ def test_deferred_loads_serve_the_same_bytes(name, groups, land):
     cache.drain()
     cache.check_invariants()
     assert d.host_hits > 0 and cache.stats().in_flight["load"] == 0
-    assert any(len(f.parts) > 1 for f in cache.engine.host.formats.values())   # split by layer group
+    assert any(len(f.parts) > 1 for f in cache._engine.host.formats.values())   # split by layer group
     landed = cache.stats().deferred_loads
     assert landed.get(land, 0) > 0 and set(landed) == {land}, landed
     assert f'hicache_deferred_loads_total{{landed_by="{land}"}}' in cache.metrics_text()
@@ -168,17 +168,17 @@ def test_early_copies_serve_the_same_bytes(name):
     thing in the engine's start), hits serve the bytes written and no copy is left behind."""
     cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, write_policy="write_through", check_invariants=True)
     cache, _ = faulty_cache(layout(name), cfg)
-    cache.engine._blocks.early_bytes = 0
+    cache._engine._blocks.early_bytes = 0
     d = Driver(cache)
     for turn in range(3):
         for conv in ([0, 1], [2, 3], [1, 0], [3, 2]):
             d.request(conv + [turn] * (turn > 0))
     cache.drain()
     assert d.host_hits > 0
-    early = [k for k in cache.engine.compiled_programs() if "load_block" in k and k.endswith(", 1)")
+    early = [k for k in cache._engine.compiled_programs() if "load_block" in k and k.endswith(", 1)")
              or k.startswith("plan:load_block") and ", 1)" in k]
-    assert early, sorted(cache.engine.compiled_programs())
-    assert not cache.engine._blocks._early
+    assert early, sorted(cache._engine.compiled_programs())
+    assert not cache._engine._blocks._early
 
 
 @pytest.mark.parametrize("name,tp", [("tiny_gqa", 2), ("tiny_gqa", 4), ("tiny_v4", 2)])
@@ -198,9 +198,9 @@ def test_on_a_tp_mesh(name, tp):
     if spec is not None:
         assert cache.device_pools[spec.name].sharding.spec[spec.shard_axis + 2] == "tp"
     # host tier: each rank keeps its shard of tp rows; replicated rows are kept once, on one device
-    for allocator, table in cache.engine.host.tables.items():
+    for allocator, table in cache._engine.host.tables.items():
         assert table.arrays, allocator
         for block in (a for parts in table.arrays.values() for a in parts):
             shards = {s.device for s in block.addressable_shards}
-            assert len(shards) == (tp if cache.engine.host.formats[allocator].sharded else 1), allocator
+            assert len(shards) == (tp if cache._engine.host.formats[allocator].sharded else 1), allocator
             assert block.sharding.memory_kind == "pinned_host"

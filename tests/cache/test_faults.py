@@ -66,7 +66,7 @@ def test_host_exhaustion(policy):
     if policy == "write_back":
         assert sum(r.get("host_pressure", 0) for r in s.dropped_tokens.values()) > 0
     else:
-        assert cache.core.stats.backups_without_room > 0
+        assert cache._core.stats.backups_without_room > 0
     empty_everything(cache)
 
 
@@ -76,13 +76,13 @@ def test_ack_that_never_comes_times_out():
     faulty.hang.add("backup")
     d.request([0, 1, 2])                        # its backup hangs; the nodes stay locked
     assert cache.stats().in_flight["backup"] == 1
-    locked = cache.core.ledger.allocators(Tier.DEVICE)["kv"].num_free
+    locked = cache._core.ledger.allocators(Tier.DEVICE)["kv"].num_free
     assert cache.step().failed == () and cache.evict(3).device_pages == 0   # pinned while pending
     clock.now = 10.0                            # past transfer_timeout_s
     report = cache.step()
     assert report.failed and cache.stats().failures == {"backup/timeout": 1}
     assert cache.stats().in_flight["backup"] == 0
-    assert cache.evict(3).device_pages == 3 and cache.core.ledger.allocators(Tier.DEVICE)["kv"].num_free == locked + 3
+    assert cache.evict(3).device_pages == 3 and cache._core.ledger.allocators(Tier.DEVICE)["kv"].num_free == locked + 3
     churn(d)
     empty_everything(cache)
 

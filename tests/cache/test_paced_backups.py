@@ -94,12 +94,12 @@ def test_batches_in_flight_share_one_budget_per_step():
     c = hc.HiCache(lay, hc.HiCacheConfig(device_pages=16, host_pages=32, check_invariants=True, load_back_threshold=1,
                                          transfer=hc.TransferConfig(backup_bytes_per_step=2 * page)))
     sent = [0]                           # bytes dispatched, per step()
-    real_start = c.engine.start
+    real_start = c._engine.start
 
     def counting(plan, pools):
         sent[-1] += plan.nbytes(lay)
         return real_start(plan, pools)
-    c.engine.start = counting
+    c._engine.start = counting
     d = Driver(c)
     d.request([0, 1, 2])                 # 3 pages queued; the request's step() sends 2
     sent.append(0)

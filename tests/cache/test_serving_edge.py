@@ -108,7 +108,7 @@ def test_lock_of_a_node_not_on_device_is_an_error(name):
     m = c.match_prefix(prompt([0, 1]))
     with pytest.raises(ValueError, match="not on device"):
         c.lock(m.host_node)
-    c.core.evict_host(dict.fromkeys(c.core.components.names, 10 ** 6))
+    c._core.evict_host(dict.fromkeys(c._core.components.names, 10 ** 6))
     with pytest.raises(ValueError, match="not in the tree"):
         c.lock(m.host_node)
     for bad in ("abc", 1.0, None, True):
@@ -119,7 +119,7 @@ def test_lock_of_a_node_not_on_device_is_an_error(name):
 
 
 def free_counts(c):
-    return {(t, a.name): a.num_free for t in Tier for a in c.core.ledger.allocators(t)}
+    return {(t, a.name): a.num_free for t in Tier for a in c._core.ledger.allocators(t)}
 
 
 @pytest.mark.parametrize("args", [(1, np.float64(1.0)), (np.float32(2.0), 1), ("3", 0), (1, "1"), (True, 0),
@@ -140,7 +140,7 @@ def test_alloc_is_all_or_nothing_for_every_argument(args):
 
 def tree_pages(c):
     return {n.id: (n.state, [None if a is None else a.tolist() for a in n.pages[Tier.DEVICE]])
-            for n in c.core.tree.nodes()}
+            for n in c._core.tree.nodes()}
 
 
 @pytest.mark.parametrize("policy", ["write_through", "write_through_selective", "write_back"])

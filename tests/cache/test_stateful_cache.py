@@ -40,7 +40,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)
         if early:                       # every one-block load copied early (prefetch / start)
-            self.cache.engine._blocks.early_bytes = 0
+            self.cache._engine._blocks.early_bytes = 0
         self.driver = Driver(self.cache)
         self.seen = []
         for blocks in first:            # some conversations to come back to
@@ -129,7 +129,7 @@ class CacheMachine(RuleBasedStateMachine):
     @invariant()
     def host_blocks_stay_within_the_tier(self):
         if hasattr(self, "cache"):
-            for table in self.cache.engine.host.tables.values():
+            for table in self.cache._engine.host.tables.values():
                 table.check_invariants()
                 assert table.rows <= table.capacity
 
@@ -165,7 +165,7 @@ class ThreeTierMachine(CacheMachine):
     @rule()
     def evict_host(self):
         self.cache.drain()
-        self.cache.core.evict_host(dict.fromkeys(self.cache.core.components.names, 10 ** 6))
+        self.cache._core.evict_host(dict.fromkeys(self.cache._core.components.names, 10 ** 6))
 
     @rule(fault=st.sampled_from(["raise", "damage", "hide", "heal"]))
     def storage_fault(self, fault):

@@ -40,7 +40,7 @@ def reader(name, store, **kw):
 
 
 def free_host(c):
-    return {a.name: a.num_free for a in c.core.ledger.allocators(Tier.HOST)}
+    return {a.name: a.num_free for a in c._core.ledger.allocators(Tier.HOST)}
 
 
 @pytest.mark.parametrize("name", LAYOUTS)
@@ -65,7 +65,7 @@ def test_write_back_stores_a_page_only_when_the_host_evicts_it():
     assert not store.objects                             # still on the host: not stored yet
     w.evict(10 ** 6, 10 ** 6)
     w.drain()
-    w.core.evict_host(dict.fromkeys(w.core.components.names, 10 ** 6))
+    w._core.evict_host(dict.fromkeys(w._core.components.names, 10 ** 6))
     w.drain()
     assert store.objects
     c, d = reader("tiny_v4", store)
@@ -112,7 +112,7 @@ def test_a_damaged_object_is_a_counted_miss_never_served(kind):
     s = c.stats()
     assert s.storage.pools["deepseek_v4_c128"].corrupt_objects > 0 and s.storage_hit_tokens == 0
     assert s.prefetches == {"failed": 1}
-    assert all(c.core.book.reserved(a) == 0 for a in ("kv", "swa"))   # the reservation came back
+    assert all(c._core.book.reserved(a) == 0 for a in ("kv", "swa"))   # the reservation came back
     empty_everything(c)
 
 

@@ -146,11 +146,11 @@ def test_granule_and_dtype_checks_still_apply():
 def test_whole_ranges_give_the_default_layout(granule):
     dims = [(3, 1728), (2, 5008), (1, 32)]
     for align in (1, 512):
-        default = pk.row_layout(dims, 1, 1024, align, granule)
-        assert default == pk.row_layout(dims, 1, 1024, align, granule, layers=[(0, 0, 3), (1, 0, 2), (2, 0, 1)])
+        default = pk.pack_layout(dims, 1, 1024, align, granule)
+        assert default == pk.pack_layout(dims, 1, 1024, align, granule, layers=[(0, 0, 3), (1, 0, 2), (2, 0, 1)])
         assert [(s.source, s.first_layer) for s in default.segments] == [(0, 0), (1, 0), (2, 0)]
     # a range's segment is cut as its whole source's, at its own offset in the row
-    ranged = pk.row_layout(dims, 1, 1024, 1, granule, layers=[(1, 1, 1), (0, 1, 2), (1, 0, 1)])
+    ranged = pk.pack_layout(dims, 1, 1024, 1, granule, layers=[(1, 1, 1), (0, 1, 2), (1, 0, 1)])
     assert [(s.source, s.first_layer, s.num_layers, s.row_offset, s.first_block) for s in ranged.segments] == [
         (1, 1, 1, 0, 0), (0, 1, 2, 5008, ranged.segments[0].num_blocks),
         (1, 0, 1, 5008 + 2 * 1728, ranged.segments[0].num_blocks + ranged.segments[1].num_blocks)]

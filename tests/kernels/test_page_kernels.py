@@ -159,7 +159,7 @@ def test_scatter_rejects_repeated_pages_and_bad_arguments():
 
 
 def test_row_layout_blocks_cover_each_page_and_stay_inside_it():
-    layout = pk.row_layout([(3, 1728), (2, 5000), (1, 28)], itemsize=1, block_bytes=1024)
+    layout = pk.pack_layout([(3, 1728), (2, 5000), (1, 28)], itemsize=1, block_bytes=1024)
     assert layout.row_elems == 3 * 1728 + 2 * 5000 + 28
     assert layout.num_blocks == sum(s.num_blocks for s in layout.segments)
     for seg in layout.segments:
@@ -172,24 +172,24 @@ def test_row_layout_blocks_cover_each_page_and_stay_inside_it():
                 covered[off:off + seg.block_elems] = True
             assert covered.all()
     with pytest.raises(ValueError, match="power of two"):
-        pk.row_layout([(1, 8)], itemsize=2, block_bytes=3000)
+        pk.pack_layout([(1, 8)], itemsize=2, block_bytes=3000)
 
 
 def test_granular_blocks_cover_each_page_once():
     """Blocks for bulk DMA engines: multiples of the granule, nearly equal, the last one
     shorter, no byte copied twice (two copies in flight never write the same bytes)."""
-    layout = pk.row_layout([(21, 37440), (2, 5008), (1, 1728), (1, 16)], itemsize=1, block_bytes=16384,
+    layout = pk.pack_layout([(21, 37440), (2, 5008), (1, 1728), (1, 16)], itemsize=1, block_bytes=16384,
                            granule_bytes=16)
     assert [(s.block_elems, s.blocks_per_page, s.last_elems) for s in layout.segments] == [
         (12480, 3, 12480), (5008, 1, 5008), (1728, 1, 1728), (16, 1, 16)]
     for page, cap in ((5008, 1024), (48, 16), (37440, 32768), (149760, 16384)):
-        seg = pk.row_layout([(2, page)], 1, cap, granule_bytes=16).segments[0]
+        seg = pk.pack_layout([(2, page)], 1, cap, granule_bytes=16).segments[0]
         starts = [seg.locate(b, lambda c, x, y: x if c else y)[1] for b in range(seg.blocks_per_page)]
         sizes = [seg.block_elems] * (seg.blocks_per_page - 1) + [seg.last_elems]
         assert all(s % 16 == 0 and 0 < s <= cap for s in sizes) and sum(sizes) == page
         assert starts == [sum(sizes[:b]) for b in range(len(sizes))]
     with pytest.raises(ValueError, match="multiples of 16 B"):
-        pk.row_layout([(1, 5000)], 1, 4096, granule_bytes=16)
+        pk.pack_layout([(1, 5000)], 1, 4096, granule_bytes=16)
 
 
 def test_auto_impl_per_device(caplog):

@@ -87,7 +87,7 @@ def worker(argv: list[str]) -> int:
         cmd = json.loads(line)
         if cmd["op"] == "coverage":       # what the router asks: the Instance.coverage rule
             tokens = prompts[cmd["req"]]
-            answer = {"pages": cache.core.coverage(tokens[: max(0, (len(tokens) - 1) // page * page)])}
+            answer = {"pages": cache._core.coverage(tokens[: max(0, (len(tokens) - 1) // page * page)])}
         elif cmd["op"] == "serve":
             answer = serve(prompts[cmd["req"]])
         elif cmd["op"] == "check":

@@ -42,7 +42,7 @@ def random_rows(row_layout, num_rows: int, seed: int = 0, dtype=np.uint8) -> np.
     """Host rows of random bytes (the rows' padding zero, as a host tier keeps it)."""
     rng = np.random.default_rng(seed)
     rows = np.zeros((num_rows, row_layout.row_bytes), np.uint8)
-    for seg in row_layout.segments:
+    for seg in row_layout.spans:
         rows[:, seg.offset:seg.offset + seg.nbytes] = rng.integers(0, 256, (num_rows, seg.nbytes), dtype=np.uint8)
     return rows.view(dtype)
 

@@ -78,11 +78,11 @@ def test_tier_over_each_backend(backend, name, tp):
         rows = random_rows(layout, 3)
         tier.register(rows)
         put = tier.put_pages(allocator, pages, rows, [0, 1, 2])
-        assert put.wait(30) and put.result().written == 3 * len(layout.segments)
+        assert put.wait(30) and put.result().written == 3 * len(layout.spans)
         out = np.zeros_like(rows)
         got = tier.get_pages(allocator, pages, out, [2, 1, 0])
         assert got.wait(30) and got.result().served == 3
-        for seg in layout.segments:
+        for seg in layout.spans:
             assert np.array_equal(out[::-1, seg.offset:seg.offset + seg.nbytes], rows[:, seg.offset:seg.offset + seg.nbytes])
     assert tier.usable_prefix(pages) == 3
     assert not tier.stats().failures

@@ -32,7 +32,7 @@ for allocator, layout in tier.rows.items():
         op = tier.get_pages(allocator, pages, out, range(6))
         op.wait(60)
         same = all(np.array_equal(out[:, s.offset:s.offset + s.nbytes], rows[:, s.offset:s.offset + s.nbytes])
-                   for s in layout.segments)
+                   for s in layout.spans)
         report[allocator] = [op.result().served, same]
 report["failures"] = tier.stats().failures
 tier.close()

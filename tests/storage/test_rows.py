@@ -1,13 +1,11 @@
-"""The objects' places in a host row agree with the host tier's packed row format."""
+"""The objects' places in a host row are the pools' runs of the packed row format, byte for byte."""
 import jax
 import numpy as np
 import pytest
 
-from hicache_jax.pools.host_rows import ROW_ALIGN_BYTES, HostRowFormat
-from hicache_jax.pools.placement import Devices
-from hicache_jax.storage import KeySpace, RowLayout
+from hicache_jax.layout.rows import RowFormat
+from hicache_jax.storage import KeySpace, PageObjects
 from hicache_jax.storage import rows as storage_rows
-from conftest import tp_mesh
 from storage_helpers import load_layout
 
 
@@ -15,28 +13,26 @@ from storage_helpers import load_layout
                                       ("tiny_v4", 2)])
 def test_segments_are_the_pools_of_a_host_row(name, tp):
     layout = load_layout(name)
-    devices = Devices.create(None if tp == 1 else tp_mesh(tp))
     keys = KeySpace(layout, tp=tp)
-    assert storage_rows.ROW_ALIGN_BYTES == ROW_ALIGN_BYTES
     for allocator in storage_rows.byte_allocators(layout):
-        fmt = HostRowFormat.create(layout, allocator, devices)
-        mine = RowLayout.create(keys, allocator)
+        fmt = RowFormat.create(layout, allocator, tp)
+        mine = PageObjects.create(keys, allocator)
         assert mine.row_bytes == fmt.row_bytes
         rng = np.random.default_rng(0)
         pages = {p.name: rng.integers(0, 256, (p.num_layers, *p.page_shape)).astype(p.dtype) if p.dtype != "bfloat16"
                  else rng.standard_normal((p.num_layers, *p.page_shape)).astype(jax.numpy.bfloat16)
                  for p in fmt.pools}
         row = fmt.encode(pages).view(np.uint8)
-        for seg in mine.segments:       # each segment is that pool's page (that rank's shard) as it lies
+        for seg in mine.spans:          # each span is that pool's page (that rank's shard) as it lies
             spec = layout.pool(seg.pool)
             page = pages[seg.pool]
             if seg.rank is not None and fmt.sharded:
                 width = spec.shard_page_shape(tp)[spec.shard_axis]
                 page = np.take(page, np.arange(seg.rank * width, (seg.rank + 1) * width), axis=1 + spec.shard_axis)
             assert row[seg.offset:seg.offset + seg.nbytes].tobytes() == np.ascontiguousarray(page).tobytes()
-        assert [k.pool for k in keys.page_keys(mine.pools, [b"\0" * 32])] == [s.pool for s in mine.segments]
+        assert [k.pool for k in keys.page_keys(mine.pools, [b"\0" * 32])] == [s.pool for s in mine.spans]
 
 
 def test_allocator_without_bytes_is_refused():
     with pytest.raises(ValueError, match="carries no byte-holding pool"):
-        RowLayout.create(KeySpace(load_layout("tiny_gqa")), "swa")
+        PageObjects.create(KeySpace(load_layout("tiny_gqa")), "swa")

@@ -17,7 +17,7 @@ def make_tier(name="tiny_v4", tp=1, **config):
 
 def same_pages(tier, allocator, a, a_ids, b, b_ids):
     """The stored bytes of rows a[a_ids] and b[b_ids] agree (the rows' padding is not stored)."""
-    segs = tier.rows[allocator].segments
+    segs = tier.rows[allocator].spans
     av, bv = a.view(np.uint8), b.view(np.uint8)
     return all(np.array_equal(av[i, s.offset:s.offset + s.nbytes], bv[j, s.offset:s.offset + s.nbytes])
                for i, j in zip(a_ids, b_ids) for s in segs)
@@ -43,13 +43,13 @@ def test_round_trip_is_bit_exact_into_other_rows(name, tp):
         dtype = "bfloat16" if name == "tiny_gqa" else np.uint8
         src = random_rows(layout, 8, seed=1)
         dst = np.zeros_like(src)
-        assert put(tier, allocator, pages, src.view(dtype) if dtype is np.uint8 else src, [0, 1, 2, 3, 4]).written == 5 * len(layout.segments)
+        assert put(tier, allocator, pages, src.view(dtype) if dtype is np.uint8 else src, [0, 1, 2, 3, 4]).written == 5 * len(layout.spans)
         result = get(tier, allocator, pages, dst, [7, 5, 3, 1, 0])
         assert (result.pages, result.served, result.misses) == (5, 5, {})
         assert same_pages(tier, allocator, src, [0, 1, 2, 3, 4], dst, [7, 5, 3, 1, 0])
     assert tier.exists_prefix(pages) == 5
     s = tier.stats()
-    kv_pool = tier.rows[tier.anchor].segments[0].pool
+    kv_pool = tier.rows[tier.anchor].spans[0].pool
     assert s.pools[kv_pool].read_objects == s.pools[kv_pool].written_objects == 5 * tp ** (name == "tiny_gqa")
     assert s.corrupt_objects == 0 and not s.failures
 
@@ -72,7 +72,7 @@ def test_batches_hold_at_most_128_pages():
     put(tier, "kv", pages, rows, range(300))
     get(tier, "kv", pages, np.zeros_like(rows), range(300))
     assert tier.exists_prefix(pages) == 300
-    per_page = len(tier.rows["kv"].segments)
+    per_page = len(tier.rows["kv"].spans)
     assert backend.calls == {"contains": 3, "put": 3, "get": 3, "exists": 4}      # exists: 8, 128, 128, 36 pages
     assert max(n for _, n in backend.batch_keys) == MAX_BATCH_PAGES * per_page
     assert [n for m, n in backend.batch_keys if m == "exists"] == [8 * per_page, 128 * per_page, 128 * per_page,

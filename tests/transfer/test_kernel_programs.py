@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 import hicache_jax as hc
 import pallas_kernels as pk
-from hicache_jax.pools import DevicePools, Devices, HostRowFormat
+from hicache_jax.pools import DevicePools, Devices, RowFormat
 from hicache_jax.transfer.programs import AllocatorPrograms
 
 from conftest import CONFIGS, tp_mesh
@@ -26,7 +26,7 @@ DEVICE_PAGES, ROWS = 12, 4
 
 
 def programs(layout, allocator, devices, kernels, groups=1):
-    fmt = HostRowFormat.create(layout, allocator, devices, groups)
+    fmt = RowFormat.create(layout, allocator, devices.tp, groups)
     pools = DevicePools(layout, {a.name: DEVICE_PAGES for a in layout.allocator_pools}, devices)
     no_host = lambda rows: pytest.fail("pack / unpack never touch the host tier")
     host = devices.row_sharding(fmt.sharded, "pinned_host")

@@ -12,7 +12,7 @@ import jax
 
 import hicache_jax as hc
 from hicache_jax.plan import make_plan
-from hicache_jax.pools import Devices, HostRowFormat
+from hicache_jax.pools import Devices, RowFormat
 from hicache_jax.config import TransferConfig
 from hicache_jax.transfer import TransferEngine, host_compute_violations
 
@@ -54,7 +54,7 @@ class Harness:
         mesh = tp_mesh(tp) if tp else None
         # a small staging cap, so that plans span several chunks (2 SWA pages, 8 kv pages)
         devices = Devices.create(mesh)
-        row = max(HostRowFormat.create(self.layout, a, devices).rank_row_bytes for a in self.allocators)
+        row = max(RowFormat.create(self.layout, a, devices.tp).rank_row_bytes for a in self.allocators)
         self.engine = TransferEngine(self.layout, {a: DEVICE_PAGES for a in self.allocators},
                                      {a: HOST_PAGES for a in self.allocators}, mesh=mesh,
                                      config=TransferConfig(max_staging_bytes=2 * row, kernels=kernels,

@@ -45,11 +45,11 @@ import math
 import operator
 from collections.abc import Iterable, Sequence
 
-DEFAULT_BLOCK_BYTES = 4096  # best pack+unpack time of 4, 8, 16, 32 KiB on the H200 (BENCHMARKS.md)
+BLOCK_BYTES = 4096  # a layout's default block cap (the backends pass their own: _sources.DEFAULT_BLOCK_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)
-class Segment:
+class PackSegment:
     """One part of a row: the pages of layers `first_layer .. first_layer + num_layers - 1`
     of source `source`, `page_elems` elements each."""
 
@@ -84,10 +84,10 @@ class Segment:
 
 
 @dataclasses.dataclass(frozen=True)
-class RowLayout:
+class PackLayout:
     """Segments of a packed row, in row order; `row_elems` includes the end padding."""
 
-    segments: tuple[Segment, ...]
+    segments: tuple[PackSegment, ...]
     row_elems: int
     num_blocks: int
     data_elems: int = -1   # elements before the padding (default: the whole row)
@@ -112,9 +112,9 @@ def padded_elems(elems: int, itemsize: int, align_bytes: int) -> int:
     return -(-elems // step) * step
 
 
-def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int = DEFAULT_BLOCK_BYTES,
+def pack_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int = BLOCK_BYTES,
                align_bytes: int = 1, granule_bytes: int | None = None,
-               layers: Iterable[tuple[int, int, int]] | None = None) -> RowLayout:
+               layers: Iterable[tuple[int, int, int]] | None = None) -> PackLayout:
     """Layout of a row over sources of `(num_layers, page_elems)`, elements of `itemsize`
     bytes, padded to a multiple of `align_bytes`; blocks are powers of two, or multiples
     of `granule_bytes` when given (then every page must be a multiple of it too).
@@ -136,12 +136,12 @@ def row_layout(dims: Sequence[tuple[int, int]], itemsize: int, block_bytes: int 
             block = _granular_block(page_elems, itemsize, max_block, granule_bytes)
             per_page = -(-page_elems // block)
             last = page_elems - (per_page - 1) * block
-        seg = Segment(num_layers, page_elems, offset, block, per_page, first, last,
+        seg = PackSegment(num_layers, page_elems, offset, block, per_page, first, last,
                       source=source, first_layer=first_layer)
         segments.append(seg)
         offset += num_layers * page_elems
         first += seg.num_blocks
-    return RowLayout(tuple(segments), padded_elems(offset, itemsize, align_bytes), first, offset)
+    return PackLayout(tuple(segments), padded_elems(offset, itemsize, align_bytes), first, offset)
 
 
 def layer_ranges(num_layers: Sequence[int], layers: Iterable[tuple[int, int, int]] | None = None, *,

@@ -1,4 +1,8 @@
-"""The packed host row of one allocator: one page of every pool that moves with it.
+"""`RowFormat`: the packed row of one allocator, one page of every pool that moves with it.
+
+Pure Python and numpy (no jax): the kernels pack and unpack rows in this format (its
+`kernel_layers` are their `layers` argument), the host tier stores them (as `parts`), and
+the storage tier cuts them into objects (`pool_runs`).
 
 A host row holds, for one allocator page, every byte-holding pool addressed by that
 allocator (`layout.moving_with`, registration order), each pool's layers in order, each
@@ -30,13 +34,11 @@ import functools
 import math
 from collections.abc import Mapping
 
-import jax.numpy as jnp
 import numpy as np
 
-import pallas_kernels as pk
-from hicache_jax.layout import PoolLayout, PoolSpec
 from hicache_jax.layout import groups as layer_groups
-from hicache_jax.pools.placement import Devices
+from hicache_jax.layout.names import Placement
+from hicache_jax.layout.pool import PoolLayout, PoolSpec
 
 ROW_ALIGN_BYTES = 512
 
@@ -53,7 +55,7 @@ class RowPart:
 
 
 @dataclasses.dataclass(frozen=True)
-class HostRowFormat:
+class RowFormat:
     """Packed row of `allocator` (one page of every pool in `pools`)."""
 
     allocator: str
@@ -64,18 +66,20 @@ class HostRowFormat:
     parts: tuple[RowPart, ...] = ()              # how the host tier stores a row (module docstring)
 
     @classmethod
-    def create(cls, layout: PoolLayout, allocator: str, devices: Devices, groups: int = 1) -> "HostRowFormat":
+    def create(cls, layout: PoolLayout, allocator: str, tp: int = 1, groups: int = 1) -> "RowFormat":
+        """The row of `allocator` on `tp` ranks (a `tp` pool's page is split over them when
+        tp > 1), stored as one part per layer group of `groups`."""
         pools = layout.moving_with(allocator)
         if not pools:
             raise RuntimeError(f"bug: allocator {allocator!r} carries no byte-holding pool")
         dtypes = {p.dtype for p in pools}
-        placements = {devices.sharded(p) for p in pools}
+        placements = {tp > 1 and split_over_ranks(p) for p in pools}
         if len(dtypes) != 1 or len(placements) != 1:
             raise ValueError(
                 f"pools of allocator {allocator!r} must share one dtype and one placement to pack into one "
                 f"host row; got {[(p.name, p.dtype, str(p.sharding)) for p in pools]}")
         sharded = placements.pop()
-        ranks = devices.tp if sharded else 1
+        ranks = tp if sharded else 1
         shapes = tuple(p.shard_page_shape(ranks) for p in pools)
         dtype = dtypes.pop()
         bounds = layer_groups.bounds(layout, groups)
@@ -86,7 +90,7 @@ class HostRowFormat:
             if segments:
                 data = sum(n * math.prod(shapes[i]) for i, _, n in segments)
                 parts.append(RowPart(g, segments, data,
-                                     pk.padded_elems(data, jnp.dtype(dtype).itemsize, ROW_ALIGN_BYTES)))
+                                     padded_elems(data, pools[0].itemsize, ROW_ALIGN_BYTES)))
         return cls(allocator, pools, dtype, ranks, shapes, tuple(parts))
 
     @functools.cached_property
@@ -95,7 +99,7 @@ class HostRowFormat:
 
     @functools.cached_property
     def itemsize(self) -> int:
-        return jnp.dtype(self.dtype).itemsize
+        return self.pools[0].itemsize
 
     @functools.cached_property
     def rank_data_elems(self) -> int:
@@ -104,7 +108,7 @@ class HostRowFormat:
 
     @functools.cached_property
     def rank_row_elems(self) -> int:
-        return pk.padded_elems(self.rank_data_elems, self.itemsize, ROW_ALIGN_BYTES)
+        return padded_elems(self.rank_data_elems, self.itemsize, ROW_ALIGN_BYTES)
 
     @functools.cached_property
     def row_elems(self) -> int:
@@ -188,7 +192,7 @@ class HostRowFormat:
             for spec, shape in zip(self.pools, self.rank_page_shapes):
                 page = np.asarray(pages[spec.name])
                 want = (spec.num_layers, *spec.page_shape)
-                if page.shape != want or page.dtype != jnp.dtype(spec.dtype):
+                if page.shape != want or str(page.dtype) != spec.dtype:
                     raise ValueError(f"page of pool {spec.name!r} must be {spec.dtype}{list(want)}, "
                                      f"got {page.dtype}{list(page.shape)}")
                 parts.append(self._rank_slice(spec, shape, page, r).reshape(-1))
@@ -218,3 +222,24 @@ class HostRowFormat:
         axis = 1 + spec.shard_axis
         width = shape[spec.shard_axis]
         return np.take(page, np.arange(rank * width, (rank + 1) * width), axis=axis)
+
+    def pool_runs(self, ranks_of) -> tuple[tuple[str, int | None, int, int], ...]:
+        """`(pool, rank, byte offset, bytes)` of each pool's run in a row, per rank of
+        `ranks_of(pool spec)` (`(None,)`: one run for every rank, a replicated pool): the
+        storage tier's objects of one page, in pool order."""
+        starts = np.cumsum([0] + [p.num_layers * math.prod(s) for p, s in zip(self.pools, self.rank_page_shapes)])
+        return tuple((p.name, r, ((r or 0) * self.rank_row_elems + int(starts[i])) * self.itemsize,
+                      p.num_layers * math.prod(s) * self.itemsize)
+                     for i, (p, s) in enumerate(zip(self.pools, self.rank_page_shapes)) for r in ranks_of(p))
+
+
+def split_over_ranks(spec: PoolSpec) -> bool:
+    """Whether `spec`'s pages differ per TP rank (a `tp` pool with a shard axis)."""
+    return spec.sharding is Placement.TP and spec.shard_axis is not None
+
+
+def padded_elems(elems: int, itemsize: int, align_bytes: int) -> int:
+    """`elems` rounded up so that `elems * itemsize` is a multiple of `align_bytes` (the
+    kernels' `pallas_kernels.padded_elems`, which pads their staging rows the same way)."""
+    step = max(1, align_bytes // itemsize)
+    return -(-elems // step) * step
