@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
 import pallas_kernels as pk  # noqa: E402
-from pallas_kernels import _sources, mosaic_gpu  # noqa: E402
+from pallas_kernels import backends, mosaic_gpu  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 from transfer_common import env_info, median_s  # noqa: E402
 
@@ -61,8 +61,8 @@ def kernel_fns(sources, impl: str, block_bytes, knobs: dict):
         g = lambda s, i: pk.gather_pages(s, i, impl=impl, block_bytes=block_bytes, align_bytes=512)
         sc = lambda s, x, i: pk.scatter_pages(s, x, i, impl=impl, block_bytes=block_bytes, align_bytes=512)
         return jax.jit(g), jax.jit(sc, donate_argnums=0)
-    layout, _ = _sources.describe(sources, "mosaic_gpu", block_bytes, 512)
-    flat = lambda s: [_sources.flat(x) for x in s]
+    layout, _ = backends.describe(sources, "mosaic_gpu", block_bytes, 512)
+    flat = lambda s: [backends.flat(x) for x in s]
     g = lambda s, i: mosaic_gpu.gather(layout, flat(s), i, None, False, **knobs)
     sc = lambda s, x, i: [y.reshape(z.shape) for y, z in
                           zip(mosaic_gpu.scatter(layout, flat(s), x, i, False, **knobs), s)]

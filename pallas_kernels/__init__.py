@@ -10,7 +10,7 @@ from pallas_kernels.gather import gather_pages, gather_pages_reference
 from pallas_kernels.indices import PAD, check_indices
 from pallas_kernels.pack_layout import PackLayout, PackSegment, padded_elems, pack_layout, source_dims
 from pallas_kernels.scatter import scatter_pages, scatter_pages_reference
-from pallas_kernels._sources import BACKENDS, DEFAULT_BLOCK_BYTES, GRANULE_BYTES, IMPLS, auto_impl, resolve
+from pallas_kernels.backends import BACKENDS, DEFAULT_BLOCK_BYTES, GRANULE_BYTES, IMPLS, auto_impl, resolve
 from pallas_kernels._triton_offsets import ensure_wide_offsets as ensure_triton_wide_offsets
 
 __all__ = [

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import _sources
+from pallas_kernels import backends
 from pallas_kernels._triton_offsets import triton_can_address
 from pallas_kernels.pack_layout import layer_ranges, padded_elems
 
@@ -35,22 +35,22 @@ def gather_pages(
     (ValueError before any device work); traced indices must have been checked with
     `check_indices`.
     """
-    backend, interpret = _sources.resolve(impl)
-    layout, num_pages = _sources.describe(sources, backend, block_bytes, align_bytes, layers)
-    _sources.maybe_check(indices, num_pages, unique=False)
+    backend, interpret = backends.resolve(impl)
+    layout, num_pages = backends.describe(sources, backend, block_bytes, align_bytes, layers)
+    backends.maybe_check(indices, num_pages, unique=False)
     n = int(indices.shape[0])
     dtype = sources[0].dtype
     if into is not None:
-        _sources.check_staging(into, layout, dtype, n, "into")
+        backends.check_staging(into, layout, dtype, n, "into")
     if n == 0:
         return into if into is not None else jnp.zeros((0, layout.row_elems), dtype)
-    layout, used, _ = _sources.used_only(layout, sources)
+    layout, used, _ = backends.used_only(layout, sources)
     if backend == "triton" and not interpret and not triton_can_address([*used, into]):
         backend = "reference"
     if backend == "reference":
         return gather_pages_reference(sources, indices, into=into, align_bytes=align_bytes, layers=layers)
-    flat = [_sources.flat(s) for s in used]
-    out = _sources.backend_module(backend).gather(layout, flat, jnp.asarray(indices, jnp.int32), into, interpret)
+    flat = [backends.flat(s) for s in used]
+    out = backends.backend_module(backend).gather(layout, flat, jnp.asarray(indices, jnp.int32), into, interpret)
     if layout.data_elems < layout.row_elems:  # the padding: a few bytes per row, written in place
         if into is None:  # keeps XLA's GPU compiler from fusing the kernel into the update (it fails to)
             out = jax.lax.optimization_barrier(out)

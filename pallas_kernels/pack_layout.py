@@ -45,7 +45,7 @@ import math
 import operator
 from collections.abc import Iterable, Sequence
 
-BLOCK_BYTES = 4096  # a layout's default block cap (the backends pass their own: _sources.DEFAULT_BLOCK_BYTES)
+BLOCK_BYTES = 4096  # a layout's default block cap (the backends pass their own: backends.DEFAULT_BLOCK_BYTES)
 
 
 @dataclasses.dataclass(frozen=True)

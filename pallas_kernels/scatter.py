@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 
-from pallas_kernels import _sources
+from pallas_kernels import backends
 from pallas_kernels._triton_offsets import triton_can_address
 from pallas_kernels.indices import PAD
 from pallas_kernels.pack_layout import layer_ranges
@@ -39,20 +39,20 @@ def scatter_pages(
     work); traced indices must have been checked by the caller with
     `check_indices(..., unique=True)`.
     """
-    backend, interpret = _sources.resolve(impl)
-    layout, num_pages = _sources.describe(sources, backend, block_bytes, align_bytes, layers, disjoint=True)
-    _sources.maybe_check(indices, num_pages, unique=True)
+    backend, interpret = backends.resolve(impl)
+    layout, num_pages = backends.describe(sources, backend, block_bytes, align_bytes, layers, disjoint=True)
+    backends.maybe_check(indices, num_pages, unique=True)
     n = int(indices.shape[0])
-    _sources.check_staging(staging, layout, sources[0].dtype, n, "staging")
+    backends.check_staging(staging, layout, sources[0].dtype, n, "staging")
     if n == 0:
         return tuple(sources)
-    layout, used, which = _sources.used_only(layout, sources)
+    layout, used, which = backends.used_only(layout, sources)
     if backend == "triton" and not interpret and not triton_can_address([*used, staging]):
         backend = "reference"
     if backend == "reference":
         return scatter_pages_reference(sources, staging, indices, layers=layers)
-    flat = [_sources.flat(s) for s in used]
-    out = _sources.backend_module(backend).scatter(layout, flat, staging, jnp.asarray(indices, jnp.int32), interpret)
+    flat = [backends.flat(s) for s in used]
+    out = backends.backend_module(backend).scatter(layout, flat, staging, jnp.asarray(indices, jnp.int32), interpret)
     result = list(sources)
     for k, o in zip(which, out):
         result[k] = o.reshape(sources[k].shape)

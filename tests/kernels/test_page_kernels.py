@@ -198,8 +198,8 @@ def test_auto_impl_per_device(caplog):
             self.platform, self.device_kind = platform, f"{platform} test device"
             if capability is not None:
                 self.compute_capability = capability
-    from pallas_kernels import _sources
-    _sources._log_choice.cache_clear()
+    from pallas_kernels import backends
+    backends._log_choice.cache_clear()
     with caplog.at_level("INFO", logger="pallas_kernels"):
         assert pk.auto_impl(Device("gpu", "9.0")) == "mosaic_gpu"
         assert pk.auto_impl(Device("gpu", "9.0")) == "mosaic_gpu"
