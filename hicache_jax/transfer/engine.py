@@ -24,10 +24,9 @@ from __future__ import annotations
 import functools
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from pallas_kernels import PAD
 
@@ -35,15 +34,16 @@ from hicache_jax.config import TransferConfig
 from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
-from hicache_jax.pools import DevicePools, Devices, HostTier, RowFormat, checked_page_counts, shard_on
-from hicache_jax.pools.host_tier import block_rows
+from hicache_jax.pools import DevicePools, Devices, HostTier, RowFormat, checked_page_counts
 from hicache_jax.transfer import chunks as chunking, warm
 from hicache_jax.transfer.blocks import HostBlocks
+from hicache_jax.transfer.dispatch import ChunkDispatch, backup_keys
+from hicache_jax.transfer.engine_seams import EngineSeams
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
-from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock
 from hicache_jax.transfer.plan_check import check_plan
-from hicache_jax.transfer.programs import AllocatorPrograms, PlanPrograms, Program, plan_index, resolve_kernels
+from hicache_jax.transfer.plan_programs import PlanPrograms
+from hicache_jax.transfer.programs import AllocatorPrograms, resolve_kernels
 from hicache_jax.transfer.resident import ResidentIndices
 from hicache_jax.transfer.whole import WholePlans
 
@@ -52,7 +52,7 @@ log = logging.getLogger("hicache_jax.transfer")
 MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
 
 
-class TransferEngine:
+class TransferEngine(EngineSeams):
     """Device pools <-> pinned host pools for one layout (optionally on a `("tp",)` mesh).
 
     Holds the host tier (its memory pinned here; pages read as zeros until written).
@@ -114,9 +114,9 @@ class TransferEngine:
             sorted({anchor.chunk_pages >> i for i in range(config.landing_buckets)} - {0}))
         self._blocks = HostBlocks(self.host, self._programs, self._ints, config.early_copy_bytes,
                                   {layout.anchor.name: self.landing_sizes} if self.landing_sizes else {})
+        self._dispatch = ChunkDispatch(self._programs, self._plan_programs, self.host, self._ints, self.devices)
         self._whole = WholePlans(self._programs, self.host, layout.anchor.name, layout.window_pages(),
                                  mesh is not None)
-        self._staging: dict[str, tuple[jax.Array, ...]] = {}
         self._needed = groups.needed_groups(layout, self.layer_groups)   # per model layer (landings)
 
     # -- device pools ----------------------------------------------------------------------
@@ -172,15 +172,15 @@ class TransferEngine:
                         self.host.tables[batch.allocator].release(np.asarray(batch.host_pages))
                         self._blocks.make_room(self._programs[batch.allocator], batch.num_pages)
             if direct is not None:
-                tokens += self._load_plan(program, *direct, out)
+                tokens += self._dispatch.load_plan(program, *direct, out)
             elif whole is not None:
-                tokens += self._backup_plan(whole, work, pools)
+                tokens += self._dispatch.backup_plan(whole, work, pools)
             elif backup:
                 for progs, parts in work:
-                    tokens += self._backup(progs, parts, pools)
+                    tokens += self._dispatch.backup(progs, parts, pools)
             else:
                 for (progs, parts), chunk_moves in zip(work, moves):
-                    tokens += self._load(progs, parts, chunk_moves, out)
+                    tokens += self._dispatch.load(progs, parts, chunk_moves, out)
         except Exception as e:  # dispatch failed mid-way: the handle reports it
             error = e
         if not backup and error is None:
@@ -212,7 +212,7 @@ class TransferEngine:
         elif backup:
             for progs, parts in work:
                 for part in parts:
-                    for key in self._backup_keys(part):
+                    for key in backup_keys(part):
                         progs.compiled(*key)
         else:
             for (progs, parts), chunk_moves in zip(work, moves):
@@ -262,7 +262,7 @@ class TransferEngine:
             raise ValueError(f"warmup needs max_pages >= 1, got {max_pages}")
         self._ints.fill()
         for progs in self._programs.values():
-            self._staging_buffer(progs)
+            self._dispatch.staging_buffer(progs)
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
             for key in warm.chunk_keys(progs, limit, lambda pages: self._blocks.early(progs, pages)):
                 progs.compiled(*key)
@@ -273,160 +273,6 @@ class TransferEngine:
             self._plan_programs.compiled(False, tuple((a, n, int(self._blocks.early(self._programs[a], n)))
                                                       for a, n in runs))
         return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
-
-    # -- host tier access (L3 storage, tests) ----------------------------------------------------
-    def read_host_rows(self, allocator: str, host_pages) -> np.ndarray:
-        """A copy of host rows `host_pages` of `allocator`: `[n, row_elems]` in the packed row
-        format (`self.host.formats[allocator]`, all ranks). Blocks."""
-        progs = self._allocator(allocator)
-        return self._blocks.read_rows(progs, self._blocks.checked_pages(progs, host_pages))
-
-    def write_host_rows(self, allocator: str, host_pages, rows: np.ndarray) -> None:
-        """Overwrite host rows `host_pages` of `allocator` with `rows` (`[n, row_elems]`, packed)."""
-        progs = self._allocator(allocator)
-        self._blocks.write_rows(progs, self._blocks.checked_pages(progs, host_pages), np.asarray(rows))
-
-    def copy_early(self, allocator: str, num_pages: int, host_pages) -> bool:
-        """Start copying host pages to the device ahead of their load (see `HostBlocks.copy_early`)."""
-        return self._blocks.copy_early(allocator, num_pages, host_pages)
-
-    def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
-        """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""
-        return self._allocator(allocator).fmt.decode(self.read_host_rows(allocator, [host_page])[0])
-
-    def write_host_page(self, allocator: str, host_page: int, pages: Mapping[str, np.ndarray]) -> None:
-        """Overwrite one host page with `{pool: [num_layers, *page_shape]}` (whole pages)."""
-        self.write_host_rows(allocator, [host_page], self._allocator(allocator).fmt.encode(pages)[None])
-
-    # -- introspection and instrumentation (tests, benchmarks) ------------------------------------
-    def on_program_call(self, hook: Callable | None) -> None:
-        """From now on, every transfer program this engine runs is called as
-        `hook(label, program, *args)`, which calls `program(*args)` (or stands in for it) and
-        returns its result: a seam to time, record or replace a program (None: no hook)."""
-        for progs in self._programs.values():
-            progs.hook = hook
-        self._plan_programs.hook = hook
-
-    def plan_program(self, backup: bool, runs: tuple[tuple, ...]):
-        """The one program that moves a plan whose allocators each move as one chunk: `runs`
-        = `((allocator, pages), ...)` for a backup, `((allocator, pages, on device), ...)`
-        for a load (as `on_program_call` labels it: "plan:pack[...]" / "plan:load_block[...]"),
-        compiled on first use."""
-        return self._plan_programs.compiled(backup, tuple(tuple(r) for r in runs))
-
-    def program(self, allocator: str, name: str, *key: int):
-        """The compiled program `name` (`Program`) of `allocator` for shape `key`, compiled on first use."""
-        return self._allocator(allocator).compiled(Program(name), *key)
-
-    def row_format(self, allocator: str) -> RowFormat:
-        """How `allocator`'s host rows are packed."""
-        return self._allocator(allocator).fmt
-
-    @property
-    def device_pages(self) -> dict[str, int]:
-        """Device pages per allocator."""
-        return dict(self._device.pages)
-
-    def chunk_pages(self, allocator: str) -> int:
-        """Pages per chunk (staging rows) of `allocator`."""
-        return self._allocator(allocator).chunk_pages
-
-    def program_jaxprs(self) -> dict[str, object]:
-        """Jaxprs of every program compiled so far, by label (for the host-compute check)."""
-        return {**{k: v for p in self._programs.values() for k, v in p.jaxprs.items()}, **self._plan_programs.jaxprs}
-
-    def compiled_programs(self) -> dict[str, jax.stages.Compiled]:
-        """Every program compiled so far, by label (e.g. to inspect its HLO)."""
-        return {**{f"{a}:{key}": c for a, p in self._programs.items() for key, c in p._cache.items()},
-                **self._plan_programs.labelled()}
-
-    # -- internals -------------------------------------------------------------------------
-    @staticmethod
-    def _backup_keys(part: chunking.Chunk) -> list[tuple]:
-        pages = part.padded_pages
-        if part.whole_run_host_start is not None:
-            return [(Program.PACK, pages)]
-        return [(Program.PACK, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups)]
-
-    def _load_plan(self, program, key, blocks, pages, pools: dict[str, jax.Array]) -> list[jax.Array]:
-        """Call a whole load's plan program (`WholePlans.load`); updates `pools`."""
-        names = [[s.name for s in self._programs[a].fmt.pools] for a, *_ in key]
-        new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), blocks,
-                             plan_index(pages, self._ints.index))
-        for ns, arrays in zip(names, new):
-            pools.update(zip(ns, arrays))
-        return [token]
-
-    def _backup_plan(self, key, work, pools) -> list[jax.Array]:
-        """Dispatch a whole backup as one program (`WholePlans.backup_key`)."""
-        arrays = tuple(tuple(pools[s.name] for s in progs.fmt.pools) for progs, _ in work)
-        rows = self._plan_programs.compiled(True, key)(arrays, plan_index([parts[0].device_pages for _, parts in work],
-                                                                          self._ints.index))
-        return [tok for (progs, parts), r in zip(work, rows) for tok in self._store(progs, parts[0], r)]
-
-    def _backup(self, progs: AllocatorPrograms, parts, pools) -> list[jax.Array]:
-        args = [pools[s.name] for s in progs.fmt.pools]
-        if progs.on_mesh and not progs.sharded:  # the first device's shard is the whole pool
-            args = [shard_on(x, self.devices.device) for x in args]
-        args = tuple(args)
-        tokens = []
-        for part in parts:
-            rows = progs.compiled(Program.PACK, part.padded_pages)(args, self._ints.index(part.device_pages))
-            tokens += self._store(progs, part, rows)
-        return tokens
-
-    def _store(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: jax.Array) -> list[jax.Array]:
-        """Hand a backup chunk's packed rows to the host: one block per host piece."""
-        table = self.host.tables[progs.fmt.allocator]
-        start = part.whole_run_host_start
-        if start is not None:
-            pieces = [(start, rows)]
-        else:
-            pieces = [(int(g.host_rows[i]), progs.compiled(Program.SLICE, part.padded_pages, g.log2_rows)(
-                rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(g.num_real)]
-        blocks = []
-        for host_start, piece in pieces:  # `start` released these pages
-            blocks.append(jax.device_put(piece, progs.host_sharding))
-            table.add(host_start, blocks[-1])
-        return jax.tree.leaves(blocks)
-
-    def _load(self, progs: AllocatorPrograms, parts, chunk_moves, out: dict[str, jax.Array]) -> list[jax.Array]:
-        names = [s.name for s in progs.fmt.pools]
-        tokens = []
-        for part, move in zip(parts, chunk_moves):
-            pools = tuple(out[n] for n in names)
-            match move:
-                case WholeBlock(block) | EarlyCopy(block):
-                    load = progs.compiled(Program.LOAD_BLOCK, part.padded_pages, int(isinstance(move, EarlyCopy)))
-                    new, token = load(pools, block, self._ints.index(part.device_pages))
-                case Pieces(pieces):
-                    a = progs.fmt.allocator
-                    for p in pieces:
-                        h2d = progs.compiled(Program.H2D, block_rows(p.block), p.log2_rows)
-                        staging = self._staging_buffer(progs)
-                        self._staging[a] = h2d(staging, p.block, self._ints.one(p.row), self._ints.one(p.staging_row))
-                    rows = self._staging[a]
-                    if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
-                        rows = jax.device_put(progs.compiled(Program.TAKE, part.padded_pages)(rows),
-                                              self.devices.replicated())
-                    unpack = progs.compiled(Program.UNPACK, part.padded_pages)
-                    new, token = unpack(pools, rows, self._ints.index(part.device_pages))
-            out.update(zip(names, new))
-            tokens.append(token)
-        return tokens
-
-    def _staging_buffer(self, progs: AllocatorPrograms) -> jax.Array:
-        a = progs.fmt.allocator
-        if a not in self._staging:
-            shapes = [(progs.chunk_pages, progs.fmt.part_elems(p)) for p in range(progs.num_parts)]
-            self._staging[a] = jax.jit(lambda: tuple(jnp.zeros(s, progs.dtype) for s in shapes),
-                                       out_shardings=(progs.staging_sharding,) * len(shapes))()
-        return self._staging[a]
-
-    def _allocator(self, allocator: str) -> AllocatorPrograms:
-        if allocator not in self._programs:
-            raise ValueError(f"allocator {allocator!r} has no host pool here (allocators with bytes: {sorted(self._programs)})")
-        return self._programs[allocator]
 
 
 @functools.partial(jax.jit, donate_argnums=0)

@@ -43,12 +43,11 @@ from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, RowFormat
-from hicache_jax.transfer.host_check import host_compute_violations
+from hicache_jax.transfer.compile_cache import shared_program
 
 _DEVICE = jax.memory.Space.Device
 log = logging.getLogger("hicache_jax.transfer")
@@ -124,11 +123,15 @@ class AllocatorPrograms:
         program = self._cache.get(full)
         if program is None:
             label = f"{self.fmt.allocator}:{name}{list(key)}"
-            program = self._cache[full] = _shared(
-                (self._identity, full), label, self.jaxprs, lambda: _BUILDERS[name](self, *key))
+            program = self._cache[full] = shared_program(
+                (self._identity, full), label, self.jaxprs, lambda: self.build(name, *key))
         if self.hook is not None:
             return functools.partial(self.hook, f"{self.fmt.allocator}:{name}{list(key)}", program)
         return program
+
+    def build(self, name: Program, *key: int) -> tuple:
+        """(fn, example args, donate_argnums, out shardings) of program `name` at shape `key`."""
+        return _BUILDERS[Program(name)](self, *key)
 
     # -- pack / unpack, placed ---------------------------------------------------------------
     def _gather_rows(self, pools, idx):
@@ -235,85 +238,6 @@ class AllocatorPrograms:
         return copy, (self._host_example(block_rows),), (), self._staged()
 
 
-class PlanPrograms:
-    """Programs moving several allocators' one-chunk batches at once (one device, no mesh).
-
-    `compiled(backup, runs)` with `runs` in plan order is one jit over every allocator's
-    `pack` (backup, `runs = ((allocator, pages), ...)`: arguments the allocators' pools
-    tuples and the device pages (`plan_index`); results their packed rows) or `load_block`
-    (load, `runs = ((allocator, pages, on device), ...)`: arguments the pools tuples, the
-    blocks or their device copies, and the device pages).
-    """
-
-    def __init__(self, programs: dict[str, AllocatorPrograms]):
-        self._programs = programs
-        self._cache: dict[tuple, jax.stages.Compiled] = {}   # by (backup, runs)
-        self._labels: dict[tuple, str] = {}
-        self.jaxprs: dict[str, object] = {}
-        self.hook: Callable | None = None   # instrumentation: `TransferEngine.on_program_call`
-
-    def compiled(self, backup: bool, runs: tuple[tuple[str, int], ...]) -> jax.stages.Compiled:
-        program = self._cache.get((backup, runs))
-        if program is None:
-            name = Program.PACK if backup else Program.LOAD_BLOCK
-            label = f"plan:{name}{list(runs)}"
-            identity = (tuple(self._programs[a]._identity for a, *_ in runs), backup, runs)
-            program = self._cache[(backup, runs)] = _shared(identity, label, self.jaxprs,
-                                                            lambda: self._build(backup, runs, name))
-            self._labels[(backup, runs)] = label
-        if self.hook is not None:
-            return functools.partial(self.hook, self._labels[(backup, runs)], program)
-        return program
-
-    def _build(self, backup: bool, runs, name: Program):
-        """(fn, example args, donate_argnums, out shardings) of one plan program."""
-        built = [_BUILDERS[name](self._programs[a], *key) for a, *key in runs]
-        fns = [fn for fn, *_ in built]
-        sizes = [key[0] for _, *key in runs]
-        home = self._programs[runs[0][0]].home
-        index = tuple(jax.ShapeDtypeStruct(i.shape, jnp.int32, sharding=home)
-                      for i in plan_index([np.zeros(n, np.int32) for n in sizes], lambda i: i))
-        pools = tuple(args[0] for _, args, _, _ in built)
-        if backup:
-            def plan_pack(pools, idx):
-                return tuple(fn(p, i) for fn, p, i in zip(fns, pools, split_plan_index(sizes, idx)))
-            fn, args, donate = plan_pack, (pools, index), ()
-            outs = tuple(o for _, _, _, o in built)
-        else:
-            def plan_load(pools, blocks, idx):
-                moved = [fn(p, b, i) for fn, p, b, i in zip(fns, pools, blocks, split_plan_index(sizes, idx))]
-                return tuple(p for p, _ in moved), moved[0][1]
-            blocks = tuple(args[1] for _, args, _, _ in built)
-            fn, args, donate = plan_load, (pools, blocks, index), (0,)
-            outs = (tuple(o for _, _, _, (o, _) in built), home)
-        return fn, args, donate, outs
-
-    def labelled(self) -> dict[str, jax.stages.Compiled]:
-        """Every plan program compiled so far, by label."""
-        return {self._labels[key]: program for key, program in self._cache.items()}
-
-
-def plan_index(indices: list[np.ndarray], one_page: Callable) -> tuple:
-    """A plan program's index argument from each allocator's page index (plan order): every
-    one-page allocator's own `one_page(index)` (a kept device array: `ResidentIndices`), then
-    the other allocators' indices concatenated (one copy to the device for all of them)."""
-    rest = [i for i in indices if i.shape != (1,)]
-    return tuple(one_page(i) for i in indices if i.shape == (1,)) + ((np.concatenate(rest),) if rest else ())
-
-
-def split_plan_index(sizes: list[int], idx: tuple) -> list:
-    """Each allocator's page index (`sizes[k]` pages) from a `plan_index` argument."""
-    ones = iter(idx)                 # the one-page allocators' own arrays come first, in order
-    out, lo = [], 0
-    for n in sizes:
-        if n == 1:
-            out.append(next(ones))
-        else:                        # the rest are consecutive slices of the last argument
-            out.append(idx[-1][lo:lo + n])
-            lo += n
-    return out
-
-
 def resolve_kernels(kernels: str, device: jax.Device, layout) -> str:
     """The implementation name the programs of `layout` use on `device` (never "auto");
     ValueError when the chosen kernels cannot move its pages (under "auto": the reference)."""
@@ -336,42 +260,6 @@ def _block_rows(block, start, size: int):
     block by DMA when it is that size, else a slice of it."""
     return tuple(jax.device_put(b if size == b.shape[0] else jax.lax.dynamic_slice_in_dim(b, start[0], size, 0),
                                 _DEVICE) for b in block)
-
-
-# Programs compiled in this process, by what they are (the programs' identity and shape
-# key): an engine equal to one built before (same formats, shapes, devices and kernels:
-# a restarted cache, a test's next case) reuses its executables instead of compiling again.
-_COMPILED: dict[tuple, tuple[jax.stages.Compiled, object]] = {}
-
-
-def _shared(identity: tuple, label: str, jaxprs: dict, build: Callable[[], tuple]) -> jax.stages.Compiled:
-    """The program `identity` names, compiled from `build()` the first time in this process;
-    its jaxpr recorded in `jaxprs` under `label` either way."""
-    found = _COMPILED.get(identity)
-    if found is None:
-        fn, args, donate, outs = build()
-        scratch: dict[str, object] = {}
-        program = _compile(fn, args, donate, outs, label, scratch)
-        found = _COMPILED[identity] = (program, scratch[label])
-    jaxprs[label] = found[1]
-    return found[0]
-
-
-def _compile(fn, args, donate, outs, label: str, jaxprs: dict) -> jax.stages.Compiled:
-    """`fn` jitted for `args` (example values carrying their shardings), its jaxpr kept in
-    `jaxprs` under `label`; RuntimeError (a bug) if it would compute on host memory. The
-    concrete example arrays (pinned blocks made to trace with) are deleted afterwards."""
-    ins = tuple(jax.tree.map(lambda a: a.sharding, args))
-    traced = jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=donate).trace(*args)
-    bad = host_compute_violations(traced.jaxpr)
-    if bad:
-        raise RuntimeError(f"bug: transfer program {label} computes on host memory: {bad}")
-    jaxprs[label] = traced.jaxpr
-    compiled = traced.lower().compile()
-    for example in jax.tree.leaves(args):  # the pinned blocks made to trace with
-        if isinstance(example, jax.Array):
-            example.delete()
-    return compiled
 
 
 _BUILDERS = {

@@ -2,7 +2,7 @@
 import jax
 import numpy as np
 
-from hicache_jax.transfer.programs import plan_index, split_plan_index
+from hicache_jax.transfer.plan_programs import plan_index, split_plan_index
 from hicache_jax.transfer.resident import ResidentIndices
 
 

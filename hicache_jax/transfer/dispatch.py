@@ -1,0 +1,111 @@
+"""`ChunkDispatch`: runs the programs that move a transfer's chunks, and hands backups' rows to the host.
+
+The engine decides how a plan moves (chunks, whole blocks, pieces, one plan program); this
+calls the programs in that order and keeps what they share: the allocators' programs, the
+host tier's block tables, the one-element indices kept on the device, and one staging
+buffer per allocator for rows gathered from several blocks.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from hicache_jax.pools import Devices, HostTier, shard_on
+from hicache_jax.pools.host_tier import block_rows
+from hicache_jax.transfer import chunks as chunking
+from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock
+from hicache_jax.transfer.plan_programs import PlanPrograms, plan_index
+from hicache_jax.transfer.programs import AllocatorPrograms, Program
+from hicache_jax.transfer.resident import ResidentIndices
+
+
+def backup_keys(part: chunking.Chunk) -> list[tuple]:
+    """Program keys a backup chunk needs: its pack, and the slices of its host pieces."""
+    pages = part.padded_pages
+    if part.whole_run_host_start is not None:
+        return [(Program.PACK, pages)]
+    return [(Program.PACK, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups)]
+
+
+class ChunkDispatch:
+    def __init__(self, programs: dict[str, AllocatorPrograms], plan_programs: PlanPrograms, host: HostTier,
+                 ints: ResidentIndices, devices: Devices):
+        self._programs, self._plan_programs, self.host = programs, plan_programs, host
+        self._ints, self.devices = ints, devices
+        self._staging: dict[str, tuple[jax.Array, ...]] = {}
+
+    def load_plan(self, program, key, blocks, pages, pools: dict[str, jax.Array]) -> list[jax.Array]:
+        """Call a whole load's plan program (`WholePlans.load`); updates `pools`."""
+        names = [[s.name for s in self._programs[a].fmt.pools] for a, *_ in key]
+        new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), blocks,
+                             plan_index(pages, self._ints.index))
+        for ns, arrays in zip(names, new):
+            pools.update(zip(ns, arrays))
+        return [token]
+
+    def backup_plan(self, key, work, pools) -> list[jax.Array]:
+        """Dispatch a whole backup as one program (`WholePlans.backup_key`)."""
+        arrays = tuple(tuple(pools[s.name] for s in progs.fmt.pools) for progs, _ in work)
+        rows = self._plan_programs.compiled(True, key)(arrays, plan_index([parts[0].device_pages for _, parts in work],
+                                                                          self._ints.index))
+        return [tok for (progs, parts), r in zip(work, rows) for tok in self._store(progs, parts[0], r)]
+
+    def backup(self, progs: AllocatorPrograms, parts, pools) -> list[jax.Array]:
+        args = [pools[s.name] for s in progs.fmt.pools]
+        if progs.on_mesh and not progs.sharded:  # the first device's shard is the whole pool
+            args = [shard_on(x, self.devices.device) for x in args]
+        args = tuple(args)
+        tokens = []
+        for part in parts:
+            rows = progs.compiled(Program.PACK, part.padded_pages)(args, self._ints.index(part.device_pages))
+            tokens += self._store(progs, part, rows)
+        return tokens
+
+    def _store(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: jax.Array) -> list[jax.Array]:
+        """Hand a backup chunk's packed rows to the host: one block per host piece."""
+        table = self.host.tables[progs.fmt.allocator]
+        start = part.whole_run_host_start
+        if start is not None:
+            pieces = [(start, rows)]
+        else:
+            pieces = [(int(g.host_rows[i]), progs.compiled(Program.SLICE, part.padded_pages, g.log2_rows)(
+                rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(g.num_real)]
+        blocks = []
+        for host_start, piece in pieces:  # `start` released these pages
+            blocks.append(jax.device_put(piece, progs.host_sharding))
+            table.add(host_start, blocks[-1])
+        return jax.tree.leaves(blocks)
+
+    def load(self, progs: AllocatorPrograms, parts, chunk_moves, out: dict[str, jax.Array]) -> list[jax.Array]:
+        names = [s.name for s in progs.fmt.pools]
+        tokens = []
+        for part, move in zip(parts, chunk_moves):
+            pools = tuple(out[n] for n in names)
+            match move:
+                case WholeBlock(block) | EarlyCopy(block):
+                    load = progs.compiled(Program.LOAD_BLOCK, part.padded_pages, int(isinstance(move, EarlyCopy)))
+                    new, token = load(pools, block, self._ints.index(part.device_pages))
+                case Pieces(pieces):
+                    a = progs.fmt.allocator
+                    for p in pieces:
+                        h2d = progs.compiled(Program.H2D, block_rows(p.block), p.log2_rows)
+                        staging = self.staging_buffer(progs)
+                        self._staging[a] = h2d(staging, p.block, self._ints.one(p.row), self._ints.one(p.staging_row))
+                    rows = self._staging[a]
+                    if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
+                        rows = jax.device_put(progs.compiled(Program.TAKE, part.padded_pages)(rows),
+                                              self.devices.replicated())
+                    unpack = progs.compiled(Program.UNPACK, part.padded_pages)
+                    new, token = unpack(pools, rows, self._ints.index(part.device_pages))
+            out.update(zip(names, new))
+            tokens.append(token)
+        return tokens
+
+    def staging_buffer(self, progs: AllocatorPrograms) -> jax.Array:
+        a = progs.fmt.allocator
+        if a not in self._staging:
+            shapes = [(progs.chunk_pages, progs.fmt.part_elems(p)) for p in range(progs.num_parts)]
+            self._staging[a] = jax.jit(lambda: tuple(jnp.zeros(s, progs.dtype) for s in shapes),
+                                       out_shardings=(progs.staging_sharding,) * len(shapes))()
+        return self._staging[a]
+
