@@ -94,7 +94,6 @@ def measure(results: dict, name: str, sources, row_bytes: int, counts, smoke: bo
                     state["s"] = sc(state["s"], rows, idx)
                     jax.block_until_ready(state["s"])
                 t_s = median_s(run, reps)
-                del state
                 moved = 2 * n * row_bytes
                 results[key] = {"gather_gbps_rw": moved / t_g / 1e9, "scatter_gbps_rw": moved / t_s / 1e9,
                                 "gather_us": 1e6 * t_g, "scatter_us": 1e6 * t_s, "exact": exact}

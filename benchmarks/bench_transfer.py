@@ -25,7 +25,6 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
@@ -183,8 +182,6 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
             state["p"], tok = load(state["p"], (block,), idx)
             tok.block_until_ready()
         timed("load_block_program", l)
-        del state
-    del block, bigger
     # Python work of start() outside the programs: plan check, pool check, chunking
     from hicache_jax.transfer import chunks as chunking
     from hicache_jax.transfer.plan_check import check_plan

@@ -1,22 +1,15 @@
-"""`HiCache`: the object a JAX serving loop embeds; where tree, allocators and engine meet.
+"""`HiCache`: the object a JAX serving loop embeds; its API, over three parts:
 
-Timing rules (SYSTEM.md §3-§4): backups found during a step are queued and merged into
-one transfer dispatched at `step()`, except write-back demotions, whose device pages are
-already free and are dispatched at once, before anything can write those pages again;
-load-backs are dispatched at `load_back`. Completions are applied only in `step()` /
-`wait()`, the one place where in-flight state ends. Device work is ordered: a model step
-that reads `device_pools` after `load_back` sees the loaded pages, and a backup's reads
-happen before any later step writes, so no call here blocks on a transfer except `wait`,
-`drain`, and `acquire` / `alloc` when they come up short while backups are in flight (a
-slow link must not turn into a refusal a fast one would not have given).
+    TreeCore      (tree/)            the control plane: what is cached where, what moves
+    PrefixReads   (prefix_reads.py)  a prompt's prefix matched, pinned and loaded back
+    DataPlane     (data_plane.py)    the device pools, and transfers started and ended
 
-Every transfer the tree commits has a `TransferId` and a record in the tree's book, the
-one registry of transfers in flight; what moves it (the engine's handles: `TransferDriver`,
-a prefetch's storage reads: `StorageLink`) is attached to that record and ends with it.
-
-Serving-loop contract (see README): match -> lock -> (load_back -> wait) -> alloc -> model
-steps with `device_pools` / `set_device_pools` -> insert + free -> unlock; `step()` once
-per iteration.
+Every call checks its arguments (ValueError naming the value, nothing changed) before it
+asks a part. Serving-loop contract (README): match -> lock -> (load_back -> wait) -> alloc
+-> model steps with `device_pools` / `set_device_pools` -> insert + free -> unlock;
+`step()` once per iteration. No call blocks on a transfer except `wait`, `drain`, and
+`acquire` / `alloc` when they come up short while transfers are in flight (a slow link
+must not turn into a refusal a fast one would not have given).
 """
 from __future__ import annotations
 
@@ -31,16 +24,26 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from hicache_jax import cache_snapshot, validate
 from hicache_jax.config import HiCacheConfig
+from hicache_jax.data_plane import DataPlane, time_phases
 from hicache_jax.layout import PoolLayout
-from hicache_jax.metrics import CacheStats, StatsCollector, TransferCounters, snapshot
+from hicache_jax.metrics import CacheStats, StatsCollector, snapshot
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
-from hicache_jax.plan import Direction, TransferPlan
+from hicache_jax.plan import Direction
+from hicache_jax.prefix_reads import PrefixReads
 from hicache_jax.storage import StorageBackend
 from hicache_jax.storage_link import StorageLink, open_store
 from hicache_jax.transfer import TransferEngine
-from hicache_jax.transfer_driver import TransferDriver
-from hicache_jax.tree import (EvictResult, InsertResult, LoadCost, LoadJob, LockId, MatchResult, NodeId, Refusal,
-                              Tier, TransferId, TreeCore, as_tokens)
+from hicache_jax.tree import (
+    EvictResult,
+    InsertResult,
+    LoadCost,
+    LockId,
+    MatchResult,
+    NodeId,
+    Tier,
+    TreeCore,
+    as_tokens,
+)
 
 _EMPTY = np.zeros((0,), np.int32)
 log = logging.getLogger("hicache_jax")
@@ -69,26 +72,16 @@ class HiCache:
                              prefetch_share=config.storage.prefetch_share)
         self._engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, config.transfer)
-        self._pools = self._engine.init_device_pools()
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
-        # On NVIDIA GPUs a step that lands a load stored in several layer groups computed other
-        # logits than the same step with no landing, though every landed byte was right
-        # (README, "Limits"): there, deferred loads of a grouped host tier move as blocking ones.
-        self._defer = config.transfer.layer_groups == 1 or self._engine.devices.device.platform != "gpu"
-        if not self._defer:
-            log.warning("layer_groups=%d on a GPU: deferred load-backs move as blocking ones here "
-                        "(a step landing grouped parts is not bit-identical on this backend yet)",
-                        config.transfer.layer_groups)
-        self._counters = TransferCounters()
-        self._transfers = TransferDriver(layout, self._core, self._engine, self._counters, clock,
-                                         config.transfer.timeout_s)
         self._storage = None
         if storage is not None or config.storage.enabled:
             backend = storage if storage is not None else open_store(config.storage)
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
             self._storage = StorageLink(layout, config, self._core, self._engine, backend, tp)
+        self._data = DataPlane(layout, config, self._core, self._engine, clock, self._storage)
+        self._reads = PrefixReads(layout, config, self._core, self._data)
         self._registry = CollectorRegistry(auto_describe=True)
-        self._registry.register(StatsCollector(self.stats, lambda: self._counters.settled().durations,
+        self._registry.register(StatsCollector(self.stats, lambda: self._data.counters.settled().durations,
                                               tuple(p.name for p in layout.byte_pools)))
 
     # -- what a serving loop needs to know --------------------------------------------------
@@ -119,7 +112,7 @@ class HiCache:
         if max_pages is not None:
             validate.count("max_pages", max_pages, minimum=1)
         self._engine.warmup(max_pages)
-        self._pools = self._engine.warm_landings(self._pools)
+        self._data.warm_landings()
 
     def landing_examples(self):
         """One `Landing` of every shape a deferred load can hand to a step, landing nothing:
@@ -132,55 +125,29 @@ class HiCache:
     @property
     def device_pools(self) -> dict[str, jax.Array]:
         """`{pool: jax.Array}` the model reads and writes (donate them, then `set_device_pools`)."""
-        return dict(self._pools)
+        return dict(self._data.pools)
 
     def set_device_pools(self, pools: Mapping[str, jax.Array], landed=None) -> None:
         """Adopt the pools a jitted step returned; wrong pools raise ValueError, nothing changes.
         `landed`: the `Landing` of a deferred load that this step landed (`Landing.schedule`)."""
-        self._engine.check_device_pools(pools)
-        if landed is not None:
-            self._transfers.landed(landed, next(iter(pools.values())))
-        self._pools = dict(pools)
+        self._data.adopt(pools, landed)
 
-    # -- read path -------------------------------------------------------------------------
+    # -- read path (prefix_reads.py) --------------------------------------------------------------
     def match_prefix(self, tokens) -> MatchResult:
         """The longest usable prefix on device, and how much more a load-back would bring."""
-        tokens = as_tokens(tokens)
-        m = self._core.match_prefix(tokens)
-        self._counters.requested_tokens += len(tokens)
-        self._counters.device_hit_tokens += m.device_len
-        return self._checked(m)
+        return self._checked(self._reads.match(as_tokens(tokens)))
 
     def load_back(self, match: MatchResult, deferred: bool = False) -> LoadBack:
         """Bring the host part of `match` to the device, all or nothing.
 
         Refused (the caller recomputes) below the threshold, when the cost model says
         recomputing is faster, when another load owns a node, or without device space.
-        `deferred`: leave its largest whole host blocks to the model's next step (`LoadBack.landing`).
+        `deferred`: leave its largest whole host block of a landing size to the model's next
+        step (`LoadBack.landing`).
         """
         if not isinstance(match, MatchResult):
             raise ValueError(f"load_back takes a MatchResult, got {type(match).__name__}")
-        return self._load_back(match, patient=False, deferred=validate.flag("deferred", deferred) and self._defer)
-
-    def _load_back(self, match: MatchResult, patient: bool, deferred: bool = False) -> LoadBack:
-        """`load_back`; when `patient`, backups in flight that pin the room it needs are
-        waited for rather than refused."""
-        if not deferred:   # a large block starts its copy while the tree plans
-            self._engine.copy_early(self.anchor, match.host_len // self.layout.page_size,
-                                 lambda: self._core.anchor_host_pages(match))
-        job = self._core.start_load(match)
-        self._flush_demotions()
-        while job is Refusal.NO_DEVICE_SPACE and patient and self._land_in_flight(loads=True):
-            job = self._core.start_load(match)
-            self._flush_demotions()
-        if not isinstance(job, LoadJob):
-            return self._checked(self._refused(match, job))
-        if not self._start(job.transfer, job.plan, host_tokens=job.length - match.device_len, deferred=deferred):
-            self._core.unlock(job.lock)
-            return self._checked(self._refused(match, Refusal.FAILED))
-        return self._checked(LoadBack(job.load_id, None, job.length, job.loaded_tokens, job.device_pages,
-                                      job.window_pages.get(self._swa, _EMPTY), job.node, job.lock,
-                                      self._transfers.landing(job.transfer)))
+        return self._checked(self._reads.load_back(match, patient=False, deferred=validate.flag("deferred", deferred)))
 
     def acquire(self, tokens, load_back: bool = True, deferred: bool = False) -> Prefix:
         """match -> lock -> (load_back -> wait) in one call: the usable prefix, pinned.
@@ -189,56 +156,20 @@ class HiCache:
         comes up short of device room or matches host copies they still write; a loop that
         serves other requests meanwhile uses `match_prefix` / `load_back` / `step` itself.
         A failed or refused load leaves the device part of the match, still pinned.
-        `deferred`: do not wait for the load; its largest whole host blocks go into the
-        model's next step (`Prefix.landing`, see `Landing`). A load that leaves nothing to
-        the step (`landing` None) moved at once and is waited for like a blocking one.
+        `deferred`: do not wait for the load; its largest whole host block of a landing size
+        goes into the model's next step (`Prefix.landing`, see `Landing`). A load that leaves
+        nothing to the step (`landing` None) moved at once and is waited for like a blocking one.
         """
         validate.flag("acquire's load_back", load_back)
-        deferred = validate.flag("deferred", deferred) and self._defer
-        tokens = as_tokens(tokens)
-        m = self.match_prefix(tokens)
-        if load_back and m.pending_len and self._land_in_flight():
-            # the host copies it stopped at have landed: match again (the device part, and so
-            # the hit tallies, cannot have changed: landing a backup moves no device page)
-            m = self._checked(self._core.match_prefix(tokens))
-        fetched = (0, 0)              # pages just prefetched from storage: [first, end)
-        if load_back and self._storage is not None:
-            tid = self._storage.prefetch(tokens)
-            got = None if tid is None else self._storage.finish(tid, self.config.storage.prefetch_wait_s(len(tokens)))
-            if got is not None and got[1] > got[0]:
-                fetched = got
-                m = self._checked(self._core.match_prefix(tokens))
-        lock = self.lock(m.device_node)
-        refused = None
-        if load_back and m.host_len:
-            lb = self._load_back(m, patient=True, deferred=deferred)
-            # nothing left to a step (no landing): the whole load moved now, so wait as a blocking one does
-            if lb.started and ((deferred and lb.landing is not None) or self.wait(lb)):
-                self.unlock(lock)
-                page = self.layout.page_size
-                from_storage = max(0, min(lb.length, fetched[1] * page) - fetched[0] * page)
-                self._counters.storage_hit_tokens += from_storage
-                return Prefix(lb.length, lb.device_pages, lb.swa_pages, lb.lock, m.device_len,
-                              lb.length - m.device_len, storage_tokens=from_storage, landing=lb.landing)
-            if lb.started:
-                self.unlock(lb.lock)
-            refused = lb.refused or Refusal.FAILED
-        return Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0, refused)
-
-    def _refused(self, match: MatchResult, why: Refusal) -> LoadBack:
-        return LoadBack(None, why, match.device_len, 0, match.device_pages, match.swa_pages, match.device_node)
+        deferred = validate.flag("deferred", deferred)
+        return self._checked(self._reads.acquire(as_tokens(tokens), load_back, deferred))
 
     def wait(self, load: LoadBack) -> bool:
         """Block until `load` lands; True if its pages are valid, False if it failed (recompute).
         Either way its lock stays held until the caller unlocks it."""
         if not isinstance(load, LoadBack):
             raise ValueError(f"wait takes a LoadBack, got {type(load).__name__}")
-        if not load.started:
-            return False
-        tid = TransferId(Direction.LOAD, load.load_id)
-        if tid in self._core.in_flight():
-            self._complete(tid, blocking=True)
-        return not self._transfers.take_failure(load.load_id)
+        return self._checked(self._reads.wait(load))
 
     # -- write path and pages -----------------------------------------------------------------
     def alloc(self, pages: int, swa_pages: int = 0) -> dict[str, np.ndarray] | None:
@@ -254,24 +185,15 @@ class HiCache:
         if any(n > device[a].capacity - self._core.held_pages(a) for a, n in need.items()):
             return None     # more than every page not held by a request: waiting cannot help
         got = self._core.alloc_device(need)
-        self._flush_demotions()
-        while got is None and self._land_in_flight(loads=True):
+        self._data.flush_demotions()
+        while got is None and self._data.land_in_flight(loads=True):
             got = self._core.alloc_device(need)
-            self._flush_demotions()
+            self._data.flush_demotions()
         return self._checked(got)
 
     def device_room(self) -> dict[str, int]:
         """Per allocator, the pages `alloc` could grant: free + the tree's pages no lock pins."""
         return self._core.device_room()
-
-    def _land_in_flight(self, loads: bool = False) -> bool:
-        """Dispatch queued backups and wait for all in flight (and the loads, when `loads`:
-        their pages are not evictable until they land); False when none was queued or in flight."""
-        queued = self._dispatch_backups() is not None
-        waited = [t for t in self._transfers.ids() if loads or t.direction is Direction.BACKUP]
-        for tid in waited:
-            self._complete(tid, blocking=True)
-        return queued or bool(waited)
 
     def free(self, allocator: str, pages) -> None:
         """Give back held device pages not given to `insert` (i32 page ids of `allocator`, e.g.
@@ -289,18 +211,11 @@ class HiCache:
         length to resume from. State inside an unfinished page (the V4.1 ratio-2 pair ring,
         an unfinished C128 chunk, draft KV) is request-scoped and never backed up: the
         request recomputes from the returned length, it is never half-restored."""
-        tokens = as_tokens(tokens)
-        pages = validate.page_ids("device_pages", device_pages)
-        whole = len(tokens) // self.layout.page_size
         swa = validate.page_map("swa_pages", swa_pages)
-        keep = {k: v for k, v in swa.items() if k < whole}
-        res = self._core.insert(tokens[: whole * self.layout.page_size], pages[:whole], validate.windows(self._swa, keep))
-        if pages.size > whole:
-            self._core.free_device(self._core.anchor, pages[whole:])
-        extra = [v for k, v in swa.items() if k >= whole]
-        if extra:
-            self._core.free_device(self._swa, extra)
-        return self._checked(res.cached_len)
+        if swa and self._swa is None:
+            validate.windows(self._swa, swa)          # names the mistake
+        return self._checked(self._core.retract(as_tokens(tokens), validate.page_ids("device_pages", device_pages),
+                                                self._swa, swa))
 
     def lock(self, node: NodeId) -> LockId:
         """Pin the prefix ending at `node` (a `MatchResult.device_node`) on device until
@@ -321,7 +236,7 @@ class HiCache:
         Returns what was freed (less when too little is evictable)."""
         res = self._core.evict_device(validate.page_needs(self._core.anchor, self._swa, num_pages, swa_pages,
                                                          "num_pages"))
-        self._flush_demotions()
+        self._data.flush_demotions()
         return self._checked(res)
 
     def evict_host(self, num_pages: int, swa_pages: int = 0) -> int:
@@ -337,30 +252,17 @@ class HiCache:
         if bytes_per_step is not None:
             validate.count("bytes_per_step", bytes_per_step, minimum=1)
         transfer = dataclasses.replace(self.config.transfer, backup_bytes_per_step=bytes_per_step)
-        self.config = dataclasses.replace(self.config, transfer=transfer)
+        self.config = self._data.config = dataclasses.replace(self.config, transfer=transfer)
 
     # -- the step boundary ------------------------------------------------------------------
     def step(self) -> StepReport:
-        """Dispatch this step's backups (paced: `backup_bytes_per_step`); apply every completed transfer."""
-        tokens = self._dispatch_backups() or 0
-        self._transfers.pump(self.config.transfer.backup_bytes_per_step, self._pools)
-        completed, failed = [], []
-        for tid in self._transfers.ids():
-            ended = self._complete(tid, blocking=False)
-            if ended is not None:
-                (completed if ended.ok else failed).append(tid)
-        for tid in self._storage.in_flight() if self._storage is not None else ():
-            if self._storage.finish(tid) is not None:
-                completed.append(tid)
-        return self._checked(StepReport(tokens, tuple(completed), tuple(failed)))
+        """Dispatch this step's backups (paced: `TransferConfig.backup_bytes_per_step`); apply
+        every transfer that ended."""
+        return self._checked(self._data.step())
 
     def drain(self) -> None:
         """Dispatch what is queued and wait for every transfer in flight."""
-        self._dispatch_backups()
-        for tid in self._transfers.ids():
-            self._complete(tid, blocking=True)
-        if self._storage is not None:
-            self._storage.drain()
+        self._data.drain()
         self._checked(None)
 
     def save_snapshot(self, directory, overwrite: bool = False) -> int:
@@ -378,23 +280,6 @@ class HiCache:
         if self._storage is not None:
             self._storage.close()
 
-    def _flush_demotions(self) -> None:
-        if self._core.needs_flush:
-            self._dispatch_backups()
-
-    def _dispatch_backups(self) -> int | None:
-        """Start queued backups: their tokens (0 if it failed to start); None if none was queued."""
-        # a queued demotion's device pages are free already: its batch goes whole, now
-        pieces = None if self._core.needs_flush else self.config.transfer.backup_bytes_per_step
-        if (batch := self._core.take_backup_batch()) is None:
-            return None
-        return batch.tokens if self._start(batch.transfer, batch.plan, piece_bytes=pieces) else 0
-
-    def _start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0, piece_bytes: int | None = None,
-               deferred: bool = False) -> bool:
-        self._pools, started = self._transfers.start(tid, plan, self._pools, host_tokens, piece_bytes, deferred)
-        return started
-
     # -- introspection ------------------------------------------------------------------------
     @property
     def landing_sizes(self) -> tuple[int, ...]:
@@ -411,16 +296,12 @@ class HiCache:
         each phase of a host hit add up in the returned dict: `match` (the tree's match),
         `plan` (the tree's load planning), `dispatch` (the engine's start), `wait` (waiting
         for a transfer to end and applying its end)."""
-        spent: dict[str, float] = {}
-        for name, owner, method in (("match", self._core, "match_prefix"), ("plan", self._core, "start_load"),
-                                    ("dispatch", self._engine, "start"), ("wait", self._transfers, "complete")):
-            setattr(owner, method, _timed(spent, name, getattr(owner, method)))
-        return spent
+        return time_phases(self._core, self._data)
 
     def stats(self) -> CacheStats:
         """A frozen snapshot of every number this cache counts (the same as `metrics_text`)."""
         in_flight = self._core.in_flight()
-        return snapshot(self.layout, self._core, self._counters,
+        return snapshot(self.layout, self._core, self._data.counters,
                         {d.value: sum(t.direction is d for t in in_flight) for d in Direction},
                         self._storage.stats() if self._storage is not None else None, self._engine.host.block_counts())
 
@@ -431,29 +312,9 @@ class HiCache:
     def check_invariants(self) -> None:
         """Recompute every conservation law of the control plane; validate the device pools."""
         self._core.check_invariants()
-        self._engine.check_device_pools(self._pools)
-        unmoved = sorted(str(t) for t in self._core.in_flight() if self._core.carrier(t) is None)
-        if unmoved:
-            raise AssertionError(f"bug: transfers in flight with nothing moving them: {unmoved}")
-
-    def _complete(self, tid: TransferId, blocking: bool):
-        """End `tid` if it has ended (waiting for it when `blocking`): its `Ended`, or None."""
-        self._pools, ended = self._transfers.complete(tid, self._pools, blocking)
-        if ended is not None and ended.acked and self._storage is not None:
-            self._storage.written(list(ended.acked))
-        return ended
+        self._data.check()
 
     def _checked(self, value):
         if self.config.check_invariants:
             self.check_invariants()
         return value
-
-
-def _timed(spent: dict[str, float], name: str, fn: Callable) -> Callable:
-    def timed(*args, **kwargs):
-        t = time.perf_counter()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            spent[name] = spent.get(name, 0.0) + time.perf_counter() - t
-    return timed

@@ -93,6 +93,22 @@ class TreeCore:
         """Give a request's computed pages to the tree (see `Inserter.insert`)."""
         return self._inserter.insert(tokens, device_pages, window_pages)
 
+    def retract(self, tokens: np.ndarray, device_pages: np.ndarray, window: str | None,
+                window_pages: Mapping[int, int]) -> int:
+        """A request leaves mid-flight: its whole pages go to the tree (with the pages of
+        `window` it holds for them, `window_pages` {logical page: device page}), its other
+        held pages are freed; returns the length to resume from (`HiCache.retract`)."""
+        whole = len(tokens) // self.layout.page_size
+        keep = {k: v for k, v in window_pages.items() if k < whole}
+        res = self.insert(tokens[: whole * self.layout.page_size], device_pages[:whole],
+                          {window: keep} if window is not None and keep else None)
+        if device_pages.size > whole:
+            self.free_device(self.anchor, device_pages[whole:])
+        extra = [v for k, v in window_pages.items() if k >= whole]
+        if extra:
+            self.free_device(window, extra)
+        return res.cached_len
+
     # -- pages held by requests ------------------------------------------------------------
     def alloc_device(self, need: Mapping[str, int]) -> dict[str, np.ndarray] | None:
         """Device pages for a request, all or nothing, evicting LRU leaves once if short.

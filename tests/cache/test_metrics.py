@@ -85,4 +85,4 @@ def test_the_tally_counts_every_transfer_when_read_and_keeps_at_most_a_bounded_b
     cache = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12))
     Driver(cache).request([0, 1, 2])
     cache.drain()
-    assert cache.stats().transfers == {"backup": 1} and cache._counters._done == []   # read: counted
+    assert cache.stats().transfers == {"backup": 1} and cache._data.counters._done == []   # read: counted

@@ -1,7 +1,6 @@
 """The serving edge: a started load-back stays pinned until its caller lets go, every alloc is
 all or nothing, an alloc that cannot succeed destroys nothing, and every misuse is a
 ValueError naming the value, after which the cache still serves correctly."""
-import jax
 import numpy as np
 import pytest
 

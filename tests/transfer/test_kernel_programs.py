@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 
 import jax
-import jax.numpy as jnp
 
 import hicache_jax as hc
 import pallas_kernels as pk
