@@ -212,7 +212,7 @@ def main(argv=None) -> int:
         ttft_ms_host_hit_median=round(1e3 * statistics.median(cached[i].ttft_s for i in hit), 1) if hit else None,
         ttft_ms_same_turns_recompute_median=round(1e3 * statistics.median(plain[i].ttft_s for i in hit), 1)
         if hit else None,
-        compiles_while_serving=compiles.count,
+        compiles_while_serving=compiles.count, background_compiles=compiles.background,
     )
     print(json.dumps(result))
     return 0 if same else 1

@@ -234,7 +234,8 @@ def main(argv=None) -> int:
     result = outcome_fields(cache, with_cache, without)
     result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
                   window_policy=args.policy.name, overlap=args.overlap,
-                  deferred_loads=dict(cache.stats().deferred_loads), compiles_while_serving=compiles.count)
+                  deferred_loads=dict(cache.stats().deferred_loads), compiles_while_serving=compiles.count,
+                  background_compiles=compiles.background)
     cache.close()
     print(json.dumps(result))
     return 0 if same else 1

@@ -13,6 +13,11 @@ jax reports every backend compilation as the event `BACKEND_COMPILE_EVENT` with 
 jitted function's name; a program served from the persistent compilation cache is
 reported too (it still stalls the caller to load it), so the count is an upper bound
 of the compiles a cold cache would run.
+
+Compilations on the transfer engine's background thread (the fused program of a load
+shape seen for the first time, `transfer/compile_cache.py`) stall no request: the load
+that met the new shape moved by programs compiled already. They are counted apart
+(`background`), not in `count`.
 """
 from __future__ import annotations
 
@@ -22,14 +27,16 @@ import jax
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
-_names: list[str] = []          # every compilation seen since the listener was registered
+# every compilation seen since the listener was registered: (function name, on the background thread)
+_seen: list[tuple[str, bool]] = []
+BACKGROUND_THREAD = "hicache-compile"   # the prefix of that thread's name (compile_cache.py)
 _lock = threading.Lock()
 _listening = False
 
 
 def _listen(event: str, duration: float, **kwargs) -> None:
     if event == BACKEND_COMPILE_EVENT:
-        _names.append(str(kwargs.get("fun_name", "?")))
+        _seen.append((str(kwargs.get("fun_name", "?")), threading.current_thread().name.startswith(BACKGROUND_THREAD)))
 
 
 def _register() -> None:
@@ -45,18 +52,23 @@ class CompileCounter:
 
     def __init__(self):
         _register()
-        self._start = len(_names)
+        self._start = len(_seen)
 
     def reset(self) -> None:
         """Count from now on."""
-        self._start = len(_names)
+        self._start = len(_seen)
 
     @property
     def count(self) -> int:
-        """Compilations since the start."""
-        return len(_names) - self._start
+        """Compilations since the start that a caller waited for (not the background ones)."""
+        return len(self.names)
+
+    @property
+    def background(self) -> int:
+        """Compilations since the start on the background compile thread."""
+        return sum(bg for _, bg in _seen[self._start:])
 
     @property
     def names(self) -> list[str]:
         """The compiled functions' names since the start, in order (e.g. `jit(_forward)`)."""
-        return _names[self._start:]
+        return [name for name, bg in _seen[self._start:] if not bg]

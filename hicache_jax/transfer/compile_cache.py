@@ -4,19 +4,32 @@ A program is named by what it is (its allocator programs' identity: formats, sha
 devices, kernels; and its shape key): an engine equal to one built before (a restarted
 cache, a test's next case) reuses the executables instead of compiling them again. Every
 program is traced once here and checked: it never computes on host memory.
+
+Most programs are compiled where they are first needed, or ahead by `warmup`. A program
+whose shapes are too many to compile ahead (a load that fuses pieces of several blocks,
+`FusedLoads`) is compiled on a background thread instead (`ready_program`): the load that
+first needs it moves by programs compiled already, and the next load of its shape runs it.
 """
 from __future__ import annotations
 
+import concurrent.futures
+import logging
+import threading
 from collections.abc import Callable
 
 import jax
 
+from hicache_jax.compiles import BACKGROUND_THREAD   # `CompileCounter` tells its compilations apart
 from hicache_jax.transfer.host_check import host_compute_violations
 
 # Programs compiled in this process, by what they are (the programs' identity and shape
 # key): an engine equal to one built before (same formats, shapes, devices and kernels:
 # a restarted cache, a test's next case) reuses its executables instead of compiling again.
 _COMPILED: dict[tuple, tuple[jax.stages.Compiled, object]] = {}
+_lock = threading.Lock()
+_background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=BACKGROUND_THREAD)
+_pending: dict[tuple, concurrent.futures.Future] = {}   # background compiles, by identity (failed ones stay)
+log = logging.getLogger("hicache_jax.transfer")
 
 
 def shared_program(identity: tuple, label: str, jaxprs: dict, build: Callable[[], tuple]) -> jax.stages.Compiled:
@@ -24,12 +37,44 @@ def shared_program(identity: tuple, label: str, jaxprs: dict, build: Callable[[]
     its jaxpr recorded in `jaxprs` under `label` either way."""
     found = _COMPILED.get(identity)
     if found is None:
-        fn, args, donate, outs = build()
-        scratch: dict[str, object] = {}
-        program = compile_program(fn, args, donate, outs, label, scratch)
-        found = _COMPILED[identity] = (program, scratch[label])
+        found = _compile(identity, label, build)
     jaxprs[label] = found[1]
     return found[0]
+
+
+def ready_program(identity: tuple, label: str, jaxprs: dict, build: Callable[[], tuple]) -> jax.stages.Compiled | None:
+    """The program `identity` names if it is compiled; else None, and its compilation starts
+    on the background thread (once: a program that failed to compile is not tried again)."""
+    found = _COMPILED.get(identity)
+    if found is not None:
+        jaxprs[label] = found[1]
+        return found[0]
+    with _lock:
+        if identity not in _pending:
+            _pending[identity] = _background.submit(_compile_logged, identity, label, build)
+    return None
+
+
+def wait_background() -> None:
+    """Block until every background compilation started so far has ended (tests, warm-up)."""
+    with _lock:
+        pending = list(_pending.values())
+    concurrent.futures.wait(pending)
+
+
+def _compile_logged(identity: tuple, label: str, build: Callable[[], tuple]) -> None:
+    try:
+        _compile(identity, label, build)
+    except Exception:
+        log.exception("background compilation of %s failed; its loads keep moving without it", label)
+
+
+def _compile(identity: tuple, label: str, build: Callable[[], tuple]) -> tuple[jax.stages.Compiled, object]:
+    fn, args, donate, outs = build()
+    scratch: dict[str, object] = {}
+    program = compile_program(fn, args, donate, outs, label, scratch)
+    found = _COMPILED[identity] = (program, scratch[label])
+    return found
 
 
 def compile_program(fn, args, donate, outs, label: str, jaxprs: dict) -> jax.stages.Compiled:

@@ -14,7 +14,7 @@ from hicache_jax.pools import Devices, HostTier, shard_on
 from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock
-from hicache_jax.transfer.plan_programs import PlanPrograms, plan_index
+from hicache_jax.transfer.plan_programs import PlanPrograms, fused_sources, plan_index
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
@@ -39,6 +39,17 @@ class ChunkDispatch:
         names = [[s.name for s in self._programs[a].fmt.pools] for a, *_ in key]
         new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), blocks,
                              plan_index(pages, self._ints.index))
+        for ns, arrays in zip(names, new):
+            pools.update(zip(ns, arrays))
+        return [token]
+
+    def fused_load(self, program, work, moves, pools: dict[str, jax.Array]) -> list[jax.Array]:
+        """Call a load's fused program (`PlanPrograms.ready_load`); updates `pools`."""
+        names = [[s.name for s in progs.fmt.pools] for progs, _ in work]
+        sources, starts = fused_sources(moves)
+        new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), sources,
+                             self._ints.index(starts), plan_index([parts[0].device_pages for _, parts in work],
+                                                                  self._ints.index))
         for ns, arrays in zip(names, new):
             pools.update(zip(ns, arrays))
         return [token]

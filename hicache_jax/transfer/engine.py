@@ -42,7 +42,7 @@ from hicache_jax.transfer.engine_seams import EngineSeams
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.plan_check import check_plan
-from hicache_jax.transfer.plan_programs import PlanPrograms
+from hicache_jax.transfer.plan_programs import PlanPrograms, fused_entries
 from hicache_jax.transfer.programs import AllocatorPrograms, resolve_kernels
 from hicache_jax.transfer.resident import ResidentIndices
 from hicache_jax.transfer.whole import WholePlans
@@ -158,11 +158,16 @@ class TransferEngine(EngineSeams):
             raise ValueError("only a load can be deferred; this plan is a backup")
         # the common load-back is read straight off the plan; anything else is chunked first
         direct = None if backup or deferred else self._whole.load(plan, early)
+        fused = None
         if direct is not None:
             program = self._plan_programs.compiled(False, direct[0])
             work, moves, landing, whole = [], None, None, None
         else:
             work, moves, landing, whole = self._prepare(plan, backup, deferred, early)
+            # one program for every allocator's chunk, once compiled (else per chunk, as below)
+            entries = None if backup or landing is not None or self.devices.mesh is not None \
+                else fused_entries(work, moves)
+            fused = self._plan_programs.ready_load(entries) if entries else None
         out = pools if backup else dict(pools)
         tokens, error = [], None
         try:
@@ -173,6 +178,8 @@ class TransferEngine(EngineSeams):
                         self._blocks.make_room(self._programs[batch.allocator], batch.num_pages)
             if direct is not None:
                 tokens += self._dispatch.load_plan(program, *direct, out)
+            elif fused is not None:
+                tokens += self._dispatch.fused_load(fused, work, moves, out)
             elif whole is not None:
                 tokens += self._dispatch.backup_plan(whole, work, pools)
             elif backup:

@@ -2,6 +2,12 @@
 
 A load-back of a prefix's kv pages and its window's SWA pages, or the pack of a backup batch,
 then costs one dispatch instead of one per allocator (one device, no mesh).
+
+Loads whose chunks are whole blocks have few shapes, all compiled by `warmup` (`compiled`).
+A load whose chunks gather pieces of several blocks (a hit on part of a block, several
+requests' hits merged) has as many shapes as its pieces have sizes: its one program
+(`ready_load`, labelled "plan:load_pieces[...]") is compiled on a background thread the
+first time its shape is seen, while that load moves by the per-chunk programs.
 """
 from __future__ import annotations
 
@@ -12,8 +18,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from hicache_jax.transfer.compile_cache import shared_program
+from hicache_jax.pools.host_tier import block_rows
+from hicache_jax.transfer.compile_cache import ready_program, shared_program
+from hicache_jax.transfer.moves import EarlyCopy, Move, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
+
+# One allocator's part of a fused load: (allocator, pages, (Program.LOAD_BLOCK, on device))
+# or (allocator, pages, (Program.LOAD_PIECES, ((block rows, log2 rows), ...) in staging order)).
+FusedEntry = tuple[str, int, tuple]
 
 
 class PlanPrograms:
@@ -69,6 +81,47 @@ class PlanPrograms:
             outs = (tuple(o for _, _, _, (o, _) in built), home)
         return fn, args, donate, outs
 
+    def ready_load(self, entries: tuple[FusedEntry, ...]) -> jax.stages.Compiled | None:
+        """The one program of a load of `entries` (`fused_entries`) if it is compiled, else
+        None (and it compiles in the background: module docstring)."""
+        key = (False, entries)
+        program = self._cache.get(key)
+        if program is None:
+            label = "plan:load_pieces" + repr([(a, n, e[1]) for a, n, e in entries])
+            identity = (tuple(self._programs[a]._identity for a, *_ in entries), "fused_load", entries)
+            program = ready_program(identity, label, self.jaxprs, lambda: self._build_fused(entries))
+            if program is None:
+                return None
+            self._cache[key], self._labels[key] = program, label
+        if self.hook is not None:
+            return functools.partial(self.hook, self._labels[key], program)
+        return program
+
+    def _build_fused(self, entries: tuple[FusedEntry, ...]):
+        built = [self._programs[a].build(*program_key(n, e)) for a, n, e in entries]
+        sizes = [n for _, n, _ in entries]
+        counts = [len(e[1]) if e[0] is Program.LOAD_PIECES else 0 for _, _, e in entries]
+        home = self._programs[entries[0][0]].home
+        index = tuple(jax.ShapeDtypeStruct(i.shape, jnp.int32, sharding=home)
+                      for i in plan_index([np.zeros(n, np.int32) for n in sizes], lambda i: i))
+        starts = jax.ShapeDtypeStruct((max(1, sum(counts)),), jnp.int32, sharding=home)
+
+        def fused_load(pools, sources, starts, idx):
+            out, lo = [], 0
+            for (fn, *_), (_, _, entry), p, src, i, k in zip(built, entries, pools, sources,
+                                                           split_plan_index(sizes, idx), counts):
+                if entry[0] is Program.LOAD_PIECES:
+                    out.append(fn(p, src, starts[lo:lo + k], i)[0])
+                    lo += k
+                else:
+                    out.append(fn(p, src, i)[0])
+            return tuple(out), idx[0][0] + 0
+
+        pools = tuple(args[0] for _, args, _, _ in built)
+        sources = tuple(args[1] for _, args, _, _ in built)
+        outs = (tuple(o for _, _, _, (o, _) in built), home)
+        return fused_load, (pools, sources, starts, index), (0,), outs
+
     def labelled(self) -> dict[str, jax.stages.Compiled]:
         """Every plan program compiled so far, by label."""
         return {self._labels[key]: program for key, program in self._cache.items()}
@@ -95,3 +148,49 @@ def split_plan_index(sizes: list[int], idx: tuple) -> list:
     return out
 
 
+
+
+def fused_entries(work, moves: list[list[Move]]) -> tuple[FusedEntry, ...] | None:
+    """The entries of one fused program for a load (the engine's `work` and chunk `moves`),
+    or None when it does not fuse: an allocator with several chunks, or nothing gained (a
+    single allocator moving one whole block is one program already)."""
+    entries = []
+    for (progs, parts), chunk_moves in zip(work, moves):
+        if len(parts) != 1 or progs.broadcast_load:
+            return None
+        match chunk_moves[0]:
+            case WholeBlock():
+                entry = (Program.LOAD_BLOCK, 0)
+            case EarlyCopy():
+                entry = (Program.LOAD_BLOCK, 1)
+            case Pieces(pieces):
+                entry = (Program.LOAD_PIECES, tuple((block_rows(p.block), p.log2_rows) for p in in_order(pieces)))
+        entries.append((progs.fmt.allocator, parts[0].padded_pages, entry))
+    if len(entries) < 2 and all(e[0] is Program.LOAD_BLOCK for _, _, e in entries):
+        return None
+    return tuple(entries)
+
+
+def fused_sources(moves: list[list[Move]]) -> tuple[tuple, np.ndarray]:
+    """A fused load's sources (per allocator: its block, device copy, or pieces' blocks) and
+    the start row of every piece (all allocators, in entry order)."""
+    sources, starts = [], []
+    for chunk_moves in moves:
+        match chunk_moves[0]:
+            case WholeBlock(block) | EarlyCopy(block):
+                sources.append(block)
+            case Pieces(pieces):
+                ordered = in_order(pieces)
+                sources.append(tuple(p.block for p in ordered))
+                starts += [p.row for p in ordered]
+    return tuple(sources), np.array(starts or [0], np.int32)
+
+
+def in_order(pieces) -> list:
+    """A chunk's pieces in staging order (they cover its rows from 0 without a gap)."""
+    return sorted(pieces, key=lambda p: p.staging_row)
+
+
+def program_key(pages: int, entry: tuple) -> tuple:
+    """`(Program, *shape key)` of one fused entry's allocator program."""
+    return (entry[0], pages, entry[1])

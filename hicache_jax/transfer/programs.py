@@ -15,6 +15,8 @@ group; one part, the whole row, by default), and so do blocks and the staging bu
              h2d(R, k)          staging (donated), block [R, ...], src i32[1], dst i32[1] -> staging
              unpack(S)          pools (donated), staging, idx i32[S] -> pools, token
              take(S)            staging -> its first S rows (to broadcast them)
+             load_pieces(S, P)  pools (donated), one block per piece, starts i32[k], idx i32[S] -> pools, token
+                                (P: each piece's block rows and log2 rows, in staging order)
     read:    read(R, k)         block [R, ...], start i32[1] -> 2**k rows on the device
              copy(R)            block [R, ...] -> the whole block on the device (a DMA)
 
@@ -64,6 +66,7 @@ class Program(enum.StrEnum):
     TAKE = "take"               # (pages,): the first staging rows, to broadcast them
     READ = "read"               # (block rows, log2 rows): rows of one block to the device (L3, tests)
     COPY = "copy"               # (block rows,): a whole block to the device (an early copy), no index
+    LOAD_PIECES = "load_pieces"  # (pages, ((block rows, log2 rows), ...)): pieces of blocks -> pools, no staging
 
 
 class AllocatorPrograms:
@@ -201,6 +204,25 @@ class AllocatorPrograms:
         args = (self._pools(self.pool_shardings), block, self._index(pages))
         return load_block, args, (0,), (tuple(self.pool_shardings), self.home)
 
+    def _load_pieces(self, pages: int, shape: tuple[tuple[int, int], ...]):
+        """A chunk gathered from pieces of host blocks in one program: each piece's rows
+        come to the device (a DMA when the piece is its whole block, else a slice) and are
+        unpacked straight into the pools at their pages, with no staging buffer."""
+        if self.broadcast_load:
+            raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
+
+        def load_pieces(pools, blocks, starts, idx):
+            row = 0
+            for i, (block, (_, log2_rows)) in enumerate(zip(blocks, shape)):
+                size = 1 << log2_rows
+                pools = self._scatter_rows(pools, _block_rows(block, starts[i:i + 1], size), idx[row:row + size])
+                row += size
+            return pools, idx[0] + 0
+
+        blocks = tuple(self._host_example(rows) for rows, _ in shape)
+        args = (self._pools(self.pool_shardings), blocks, self._index(len(shape)), self._index(pages))
+        return load_pieces, args, (0,), (tuple(self.pool_shardings), self.home)
+
     def _unpack(self, pages: int):
         rows = self._staging_spec(pages, self.devices.replicated()) if self.broadcast_load else self._staging_spec()
         index = self.devices.replicated()
@@ -266,5 +288,5 @@ _BUILDERS = {
     Program.PACK: AllocatorPrograms._pack, Program.SLICE: AllocatorPrograms._slice,
     Program.LOAD_BLOCK: AllocatorPrograms._load_block, Program.H2D: AllocatorPrograms._h2d,
     Program.UNPACK: AllocatorPrograms._unpack, Program.TAKE: AllocatorPrograms._take, Program.READ: AllocatorPrograms._read,
-    Program.COPY: AllocatorPrograms._copy,
+    Program.COPY: AllocatorPrograms._copy, Program.LOAD_PIECES: AllocatorPrograms._load_pieces,
 }

@@ -1,0 +1,75 @@
+"""A load whose chunks gather pieces of several host blocks (a hit on part of a block, or
+several requests' hits merged) runs as ONE program once that program is compiled: the
+first load of a shape moves by the per-chunk programs while the fused one compiles on the
+background thread; every later load of the shape runs it. Both paths move the same bytes
+and touch nothing outside the plan (`Harness.run` checks every page of both tiers)."""
+import numpy as np
+import pytest
+
+import hicache_jax as hc
+from hicache_jax.transfer import compile_cache
+
+from test_round_trip import DEVICE_PAGES, HOST_PAGES, Harness
+
+FUSED = "plan:load_pieces"
+
+
+def record(t):
+    calls = []
+    def hook(label, program, *args):
+        if ":read[" not in label:             # the harness reads host pages back to check them
+            calls.append(label)
+        return program(*args)
+    t.engine.on_program_call(hook)
+    return calls
+
+
+@pytest.mark.parametrize("case", [("tiny_v4", None, "reference"), ("tiny_v41", None, "triton_interpret", 2),
+                                  ("tiny_gqa", None, "reference")], ids=lambda c: "-".join(map(str, c)))
+def test_random_loads_of_pieces_move_the_same_bytes_before_and_after_their_program_compiles(case):
+    t = Harness(*case)
+    calls = record(t)
+    rng = np.random.default_rng(3)
+    fused_runs = 0
+    for _ in range(4):
+        pages = {}
+        for a in t.allocators:
+            n = int(rng.integers(2, 7))       # one chunk of the harness's staging (8 kv, 2 SWA pages)
+            n = min(n, t.engine.chunk_pages(a))
+            pages[a] = (rng.permutation(DEVICE_PAGES)[:n], np.sort(rng.permutation(HOST_PAGES)[:n]))
+        t.run("load", pages)                  # per chunk, or fused if this shape compiled before
+        compile_cache.wait_background()
+        calls.clear()
+        shuffled = {a: (rng.permutation(DEVICE_PAGES)[:len(d)], h) for a, (d, h) in pages.items()}
+        t.run("load", shuffled)               # the same shape: its fused program is ready
+        assert len(calls) == 1 and calls[0].startswith(FUSED), calls
+        fused_runs += 1
+    t.check()
+    assert fused_runs == 4
+
+
+def test_a_hit_on_part_of_a_block_runs_one_program_after_the_first():
+    t = Harness("tiny_v4", None, "reference")
+    t.run("backup", {"kv": (list(range(8)), list(range(16, 24))), "swa": ([2, 3], [4, 5])})   # one block each
+    calls = record(t)
+    for round_ in range(3):
+        calls.clear()
+        t.run("load", {"kv": ([9 - round_, 10], [18, 19]), "swa": ([round_], [5])})   # rows 2-3 of the kv block
+        if round_:
+            assert calls == [calls[0]] and calls[0].startswith(FUSED), calls
+        compile_cache.wait_background()
+
+
+def test_background_compilations_are_counted_apart_from_the_ones_a_caller_waits_for():
+    counter = hc.CompileCounter()
+    t = Harness("tiny_gqa", None, "reference")
+    waited = counter.count                    # building the harness compiles on this thread
+    rng = np.random.default_rng(11)
+    # one chunk (the harness's GQA chunk is 2 pages) of two one-row pieces
+    pages = {a: (rng.permutation(DEVICE_PAGES)[:2], np.array([1, 3])) for a in t.allocators}
+    t.run("load", pages)
+    compile_cache.wait_background()
+    assert not any("fused_load" in n for n in counter.names[waited:])   # never on the caller's thread
+    calls = record(t)
+    t.run("load", pages)
+    assert len(calls) == 1 and calls[0].startswith(FUSED)
