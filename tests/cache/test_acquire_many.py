@@ -49,8 +49,10 @@ def unlock_all(cache, prefixes):
 
 
 def assert_room_back(cache):
-    """Nothing held, nothing pinned: every device page could be granted again."""
+    """Nothing held, nothing pinned (once the backups in flight, which pin what they read,
+    have landed): every device page could be granted again."""
     from hicache_jax.tree import Tier
+    cache.drain()
     device = cache._core.ledger.allocators(Tier.DEVICE)
     caps = {a: device[a].capacity for a in device.order}
     assert cache.device_room() == caps
