@@ -133,7 +133,7 @@ class Driver:
     def serve(self, blocks, prefix, swa_every=False, must_fit=True, step=True) -> int:
         """Compute the pages of `blocks` past `prefix` (acquired), insert them, unlock."""
         c = self.cache
-        usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
+        usable, table = prefix.length, prefix.device_pages
         self.host_hits += prefix.host_tokens
         self.storage_hits += prefix.storage_tokens
         self.device_hits += prefix.device_tokens
