@@ -7,9 +7,10 @@
 Every call checks its arguments (ValueError naming the value, nothing changed) before it
 asks a part. Serving-loop contract (README): match -> lock -> (load_back -> wait) -> alloc
 -> model steps with `device_pools` / `set_device_pools` -> insert + free -> unlock;
-`step()` once per iteration. No call blocks on a transfer except `wait`, `drain`, and
-`acquire` / `alloc` when they come up short while transfers are in flight (a slow link
-must not turn into a refusal a fast one would not have given).
+`step()` once per iteration. No call blocks on a transfer except `wait`, `drain`,
+`acquire` / `acquire_many` (their own loads), and `acquire` / `alloc` when they come up
+short while transfers are in flight (a slow link must not turn into a refusal a fast one
+would not have given).
 """
 from __future__ import annotations
 
@@ -163,6 +164,33 @@ class HiCache:
         validate.flag("acquire's load_back", load_back)
         deferred = validate.flag("deferred", deferred)
         return self._checked(self._reads.acquire(as_tokens(tokens), load_back, deferred))
+
+    def acquire_many(self, token_seqs, load_back: bool = True, deferred: bool = False) -> list[Prefix]:
+        """`acquire` for several requests at once (a step's admitted requests): one `Prefix`
+        each, in order, each with the same contract as `acquire`'s (its own lock; a refused
+        or failed load leaves its device part, still pinned). Their host loads start as one
+        transfer (their plans merged), then are waited for together: one dispatch, not one
+        per request. A request that matches nodes an earlier one of the call is loading
+        waits for those loads first and finds them on the device, as it would after one
+        `acquire` each; hits are counted as `acquire` would count them.
+        `deferred`: the last transfer may leave one block to the model's next step; every
+        `Prefix` whose load is in it carries that `Landing`, which one step lands for all.
+        `token_seqs`: a list or tuple of token sequences (each as `acquire` takes them, not
+        empty); anything else raises ValueError before anything changes."""
+        if not isinstance(token_seqs, (list, tuple)):
+            raise ValueError(f"acquire_many takes a list or tuple of token sequences, got {type(token_seqs).__name__}")
+        validate.flag("acquire_many's load_back", load_back)
+        deferred = validate.flag("deferred", deferred)
+        seqs = []
+        for i, tokens in enumerate(token_seqs):
+            try:
+                arr = as_tokens(tokens)
+            except ValueError as e:
+                raise ValueError(f"acquire_many: token sequence {i}: {e}") from None
+            if arr.size == 0:
+                raise ValueError(f"acquire_many: token sequence {i} is empty")
+            seqs.append(arr)
+        return self._checked(self._reads.acquire_many(seqs, bool(load_back), deferred))
 
     def wait(self, load: LoadBack) -> bool:
         """Block until `load` lands; True if its pages are valid, False if it failed (recompute).

@@ -56,6 +56,13 @@ class DataPlane:
         self.pools, started = self.transfers.start(tid, plan, self.pools, host_tokens, piece_bytes, deferred)
         return started
 
+    def start_many(self, tids: list[TransferId], plans: list[TransferPlan], host_tokens: list[int],
+                   deferred: bool = False) -> bool:
+        """Dispatch loads the tree committed as one engine start (`TransferDriver.start_many`);
+        False if it failed to start (the tree took every one of them back)."""
+        self.pools, started = self.transfers.start_many(tids, plans, self.pools, host_tokens, deferred)
+        return started
+
     def complete(self, tid: TransferId, blocking: bool) -> Ended | None:
         """End `tid` if it has ended (waiting for it when `blocking`): its `Ended`, or None;
         a backup's durable host copies go on to the storage tier."""

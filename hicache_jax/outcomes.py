@@ -49,7 +49,9 @@ class Prefix:
     `host_tokens` were loaded back, and of those `storage_tokens` had just been fetched
     from the storage tier. `refused` says why a host hit was not loaded, if so.
     With `acquire(..., deferred=True)` the load is still in flight: `landing` (a
-    `Landing`, or None when nothing is left to a step) goes into the model's next step.
+    `Landing`, or None when nothing is left to a step) goes into the model's next step;
+    from `acquire_many`, every request whose load is in that transfer holds the same one,
+    landed once for all of them.
     """
 
     length: int

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -161,6 +161,51 @@ def split_plan(plan: TransferPlan, layout: PoolLayout, max_bytes: int) -> list[T
             dev, host = b.device_pages[lo:lo + step], b.host_pages[lo:lo + step]
             pieces.append(TransferPlan(plan.direction, (PageBatch(b.allocator, b.pools, dev, host, coalesce(host)),)))
     return pieces
+
+
+def merge_plans(plans: Sequence[TransferPlan]) -> TransferPlan:
+    """One plan moving every page of `plans` (of one direction): per allocator, their
+    batches as one, its entries sorted by host page and coalesced again, as `make_plan`
+    builds from the union. Several requests' load-backs so go to the engine as one start.
+
+        plan A  kv: device [7 3]  host [20 21]        merged kv: device [7 3 9 4]
+        plan B  kv: device [9 4]  host [22 40]                   host   [20 21 22 40]
+                                                      runs (0, 20, 3), (3, 40, 1)
+
+    Allocators stay sorted by name (one batch each); a lone plan comes back as it is. Each
+    request keeps its own plan for its bookkeeping: the merged one only moves the bytes.
+    Raises ValueError for no plans, mixed directions, or a page (device or host) that two
+    plans both move: the merged plan would write it twice.
+    """
+    plans = list(plans)
+    if not plans:
+        raise ValueError("merge_plans needs at least one plan")
+    direction = plans[0].direction
+    if any(p.direction is not direction for p in plans):
+        raise ValueError(f"merge_plans takes plans of one direction, got {sorted({p.direction.value for p in plans})}")
+    if len(plans) == 1:
+        return plans[0]
+    parts: dict[str, list[PageBatch]] = {}
+    for p in plans:
+        for b in p.batches:
+            parts.setdefault(b.allocator, []).append(b)
+    batches = []
+    for allocator in sorted(parts):
+        group = parts[allocator]
+        pools = group[0].pools
+        if any(b.pools != pools for b in group):
+            raise ValueError(f"merge_plans: batches of {allocator!r} move different pools: "
+                             f"{sorted({b.pools for b in group})}")
+        dev = np.concatenate([np.asarray(b.device_pages, np.int32) for b in group])
+        host = np.concatenate([np.asarray(b.host_pages, np.int32) for b in group])
+        order = np.argsort(host, kind="stable")
+        dev, host = dev[order], host[order]
+        for pages, tier in ((np.sort(dev), "device"), (host, "host")):
+            if pages.size > 1 and (repeats := pages[1:][pages[1:] == pages[:-1]]).size:
+                raise ValueError(f"merge_plans: {allocator} {tier} pages {np.unique(repeats).tolist()} "
+                                 f"are in more than one plan")
+        batches.append(PageBatch(allocator, pools, dev, host, coalesce(host)))
+    return TransferPlan(direction, tuple(batches))
 
 
 def _allocator_spec(layout: PoolLayout, allocator: str) -> PoolSpec:

@@ -2,12 +2,16 @@
 
     match -> lock -> (storage prefetch) -> load back -> (wait)
 
+`acquire_many` does this for a step's requests in order, and starts all their loads as one
+engine start (one merged plan), then waits for them together.
+
 `HiCache` checks its callers' arguments and then asks this; the tree core decides (match,
 load plan, locks) and the data plane moves (`DataPlane`). A load is all or nothing: a
 failed or refused one leaves the device part of the match, still pinned.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -17,10 +21,21 @@ from hicache_jax.data_plane import DataPlane
 from hicache_jax.layout import PoolLayout
 from hicache_jax.outcomes import LoadBack, Prefix
 from hicache_jax.plan import Direction
-from hicache_jax.tree import LoadJob, MatchResult, Refusal, TransferId, TreeCore
+from hicache_jax.tree import LoadJob, LockId, MatchResult, Refusal, TransferId, TreeCore
 
 _EMPTY = np.zeros((0,), np.int32)
 log = logging.getLogger("hicache_jax")
+
+
+@dataclasses.dataclass(frozen=True)
+class _Planned:
+    """A request of `acquire_many` whose load the tree committed, not yet started."""
+
+    index: int                   # its place in the call's requests
+    match: MatchResult
+    lock: LockId                 # the pin on its device part
+    job: LoadJob
+    fetched: tuple[int, int]     # pages just prefetched from storage: [first, end)
 
 
 class PrefixReads:
@@ -39,7 +54,9 @@ class PrefixReads:
 
     def match(self, tokens: np.ndarray) -> MatchResult:
         """The tree's match of `tokens`, counted as a request for them."""
-        m = self._core.match_prefix(tokens)
+        return self._counted(tokens, self._core.match_prefix(tokens))
+
+    def _counted(self, tokens: np.ndarray, m: MatchResult) -> MatchResult:
         self._data.counters.requested_tokens += len(tokens)
         self._data.counters.device_hit_tokens += m.device_len
         return m
@@ -67,19 +84,7 @@ class PrefixReads:
 
     def acquire(self, tokens: np.ndarray, load_back: bool, deferred: bool) -> Prefix:
         """`HiCache.acquire` for checked arguments."""
-        m = self.match(tokens)
-        if load_back and m.pending_len and self._data.land_in_flight():
-            # the host copies it stopped at have landed: match again (the device part, and so
-            # the hit tallies, cannot have changed: landing a backup moves no device page)
-            m = self._core.match_prefix(tokens)
-        fetched = (0, 0)              # pages just prefetched from storage: [first, end)
-        storage = self._data.storage
-        if load_back and storage is not None:
-            tid = storage.prefetch(tokens)
-            got = None if tid is None else storage.finish(tid, self.config.storage.prefetch_wait_s(len(tokens)))
-            if got is not None and got[1] > got[0]:
-                fetched = got
-                m = self._core.match_prefix(tokens)
+        m, fetched = self._settled_match(tokens, self.match(tokens), load_back)
         lock = self._core.lock(m.device_node)
         refused = None
         if load_back and m.host_len:
@@ -97,14 +102,97 @@ class PrefixReads:
             refused = lb.refused or Refusal.FAILED
         return Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0, refused)
 
+    def _settled_match(self, tokens: np.ndarray, m: MatchResult, load_back: bool
+                       ) -> tuple[MatchResult, tuple[int, int]]:
+        """`m` again once what it stopped at has landed or come from storage, and the pages
+        just prefetched from storage, [first, end)."""
+        if load_back and m.pending_len and self._data.land_in_flight():
+            # the host copies it stopped at have landed: match again (the device part, and so
+            # the hit tallies, cannot have changed: landing a backup moves no device page)
+            m = self._core.match_prefix(tokens)
+        fetched = (0, 0)
+        storage = self._data.storage
+        if load_back and storage is not None:
+            tid = storage.prefetch(tokens)
+            got = None if tid is None else storage.finish(tid, self.config.storage.prefetch_wait_s(len(tokens)))
+            if got is not None and got[1] > got[0]:
+                fetched = got
+                m = self._core.match_prefix(tokens)
+        return m, fetched
+
+    def acquire_many(self, seqs: list[np.ndarray], load_back: bool, deferred: bool) -> list[Prefix]:
+        """`HiCache.acquire_many` for checked arguments.
+
+        Each request in order: match, pin, plan its load with the tree (patient for device
+        room, as `acquire` is); the planned loads start together, as one engine start, once
+        every request is planned. A request whose path holds nodes that a planned load fills
+        starts and waits for those planned so far first, then matches again, so it finds
+        them on the device as it would after one `acquire` each. With `deferred`, only the
+        last start may leave a block to the model's step: its `Landing` is every one of its
+        requests' `Prefix.landing`."""
+        deferred = deferred and self._defer
+        out: list[Prefix | None] = [None] * len(seqs)
+        planned: list[_Planned] = []
+        for i, tokens in enumerate(seqs):
+            m = self._core.match_prefix(tokens)
+            if planned and self._core.loads_along(tokens) & {p.job.load_id for p in planned}:
+                self._start_planned(planned, out, deferred=False)
+                planned = []
+                m = self._core.match_prefix(tokens)
+            m, fetched = self._settled_match(tokens, self._counted(tokens, m), load_back)
+            lock = self._core.lock(m.device_node)
+            if not (load_back and m.host_len):
+                out[i] = Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0)
+                continue
+            job = self._core.start_load(m)
+            self._data.flush_demotions()
+            if job is Refusal.NO_DEVICE_SPACE and planned:
+                # the loads planned so far go first, as if each request had been acquired alone
+                self._start_planned(planned, out, deferred=False)
+                planned = []
+            while job is Refusal.NO_DEVICE_SPACE and self._data.land_in_flight(loads=True):
+                job = self._core.start_load(m)
+                self._data.flush_demotions()
+            if isinstance(job, LoadJob):
+                planned.append(_Planned(i, m, lock, job, fetched))
+            else:
+                out[i] = Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0, job)
+        if planned:
+            self._start_planned(planned, out, deferred)
+        return out
+
+    def _start_planned(self, planned: list[_Planned], out: list, deferred: bool) -> None:
+        """Start `planned` as one engine start, wait for it (unless a block of it is left to
+        the model's step), and put each request's `Prefix` in `out`."""
+        jobs = [p.job for p in planned]
+        started = self._data.start_many([j.transfer for j in jobs], [j.plan for j in jobs],
+                                        [j.length - p.match.device_len for j, p in zip(jobs, planned)], deferred)
+        landing = self._data.transfers.landing(jobs[0].transfer) if started and deferred else None
+        page = self.layout.page_size
+        for p in planned:
+            m, job = p.match, p.job
+            # nothing left to a step (no landing): the whole load moved now, so wait as a blocking one does
+            if started and (landing is not None or self._wait_load(job.load_id)):
+                self._core.unlock(p.lock)
+                from_storage = max(0, min(job.length, p.fetched[1] * page) - p.fetched[0] * page)
+                self._data.counters.storage_hit_tokens += from_storage
+                out[p.index] = Prefix(job.length, job.device_pages, job.window_pages.get(self._swa, _EMPTY),
+                                      job.lock, m.device_len, job.length - m.device_len,
+                                      storage_tokens=from_storage, landing=landing)
+            else:
+                self._core.unlock(job.lock)
+                out[p.index] = Prefix(m.device_len, m.device_pages, m.swa_pages, p.lock, m.device_len, 0,
+                                      Refusal.FAILED)
+
     def wait(self, load: LoadBack) -> bool:
         """Block until `load` lands; True if its pages are valid, False if it failed."""
-        if not load.started:
-            return False
-        tid = TransferId(Direction.LOAD, load.load_id)
+        return load.started and self._wait_load(load.load_id)
+
+    def _wait_load(self, load_id: int) -> bool:
+        tid = TransferId(Direction.LOAD, load_id)
         if tid in self._core.in_flight():
             self._data.complete(tid, blocking=True)
-        return not self._data.transfers.take_failure(load.load_id)
+        return not self._data.transfers.take_failure(load_id)
 
     @staticmethod
     def _refused(match: MatchResult, why: Refusal) -> LoadBack:

@@ -4,7 +4,9 @@ The tree's `TransferBook` is the one registry of transfers in flight; for each b
 load it holds, this attaches a `Moving` (the engine's handles, the plan, when it started)
 and ends it exactly once: an ack or a finished load, or, when the engine raised, the
 transfer timed out or the device reported an error, the tree's failure path (counted by
-cause). Calls go down and results come back: the device pools are passed in and the
+cause). Several loads may share one engine start (`start_many`): each keeps its own
+`Moving` over the one handle and ends on its own, a landing is landed once, and a timeout
+ends them all. Calls go down and results come back: the device pools are passed in and the
 pools to use from then on are returned, and an ended transfer comes back as `Ended`.
 """
 from __future__ import annotations
@@ -18,12 +20,22 @@ import jax
 
 from hicache_jax.layout import PoolLayout
 from hicache_jax.metrics import FailureCause, TransferCounters
-from hicache_jax.plan import Direction, TransferPlan, split_plan
+from hicache_jax.plan import Direction, TransferPlan, merge_plans, split_plan
 from hicache_jax.transfer import Handle, TransferEngine
 from hicache_jax.tree import NodeId, TransferId, TreeCore
 
 log = logging.getLogger("hicache_jax")
 Pools = Mapping[str, jax.Array]
+
+
+@dataclasses.dataclass(eq=False)
+class SharedStart:
+    """One engine start that moves several loads (`start_many`): one handle, ended once per
+    load. A timeout seen by one of them is theirs together, so none waits on a handle its
+    siblings gave up on."""
+
+    tids: tuple[TransferId, ...]
+    timed_out: bool = False
 
 
 @dataclasses.dataclass
@@ -36,6 +48,7 @@ class Moving:
     handles: list[Handle] = dataclasses.field(default_factory=list)      # its dispatched pieces
     rest: list[TransferPlan] = dataclasses.field(default_factory=list)   # a paced backup's pieces to come
     last_dispatch: float = 0.0   # when its latest piece went (the timeout counts from there)
+    shared: SharedStart | None = None   # its one handle moves other loads too (`start_many`)
 
     def landed(self) -> bool:
         """Every piece dispatched and finished (never blocks; raises a piece's error)."""
@@ -95,6 +108,29 @@ class TransferDriver:
             self._fail(tid, FailureCause.START)
             return pools, False
         self._core.attach(tid, Moving(plan, now, host_tokens, [handle], last_dispatch=now))
+        return pools, True
+
+    def start_many(self, tids: list[TransferId], plans: list[TransferPlan], pools: Pools,
+                   host_tokens: list[int], deferred: bool = False) -> tuple[Pools, bool]:
+        """Dispatch several loads the tree committed as one engine start of their merged plan
+        (`merge_plans`): (the pools to use from now on, started?). Each load keeps its own
+        plan and host tokens (counted as it ends) and shares the one handle, so each ends
+        through `complete` as a lone load does; a deferred landing is landed once for all.
+        If the engine raises, every one of them ends as failed, once each."""
+        if len(tids) == 1:
+            return self.start(tids[0], plans[0], pools, host_tokens[0], deferred=deferred)
+        now = self._clock()
+        try:
+            merged = merge_plans(plans)
+            pools, handle = self._engine.start(merged, pools, **({"deferred": True} if deferred else {}))
+        except Exception:
+            log.exception("%s failed to start", ", ".join(map(str, tids)))
+            for tid in tids:
+                self._fail(tid, FailureCause.START)
+            return pools, False
+        shared = SharedStart(tuple(tids))
+        for tid, plan, tokens in zip(tids, plans, host_tokens, strict=True):
+            self._core.attach(tid, Moving(plan, now, tokens, [handle], last_dispatch=now, shared=shared))
         return pools, True
 
     def landing(self, tid: TransferId):
@@ -181,6 +217,9 @@ class TransferDriver:
         moving = self.moving(tid)
         if moving is None:
             raise RuntimeError(f"bug: {tid} is in flight with nothing moving it")
+        if moving.shared is not None and moving.shared.timed_out:   # a sibling of its start timed out: so did it
+            self._fail(tid, FailureCause.TIMEOUT)
+            return pools, Ended(tid, False)
         cause = None
         try:
             if blocking:
@@ -197,6 +236,8 @@ class TransferDriver:
             busy = any(not h.done() and _pending(h) is None for h in moving.handles) if not done else False
             if busy and self._clock() - moving.last_dispatch > self._timeout_s:
                 cause = FailureCause.TIMEOUT
+                if moving.shared is not None:
+                    moving.shared.timed_out = True
         except Exception as e:
             log.error("%s failed: %s", tid, e)
             cause = FailureCause.COMPLETION

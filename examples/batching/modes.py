@@ -4,11 +4,11 @@ All three serve the same jobs with the same model step, the same device pages an
 scheduler; they differ only in what the cache is asked:
 
     hicache       HiCacheConfig(device_pages, host_pages, write_policy): prefixes are found
-                  on device or loaded back from the host tier (`acquire(load_back=True)`)
+                  on device or loaded back from the host tier (`acquire_many(load_back=True)`)
     device_only   the same device pages and tree, and no host tier in use: write-through
                   with a threshold no node reaches, so nothing is ever backed up (an evicted
                   page is dropped, counted as `write_through_unbacked_eviction`), and
-                  `acquire(load_back=False)`. HiCacheConfig refuses a host tier of 0 pages, so
+                  `acquire_many(load_back=False)`. HiCacheConfig refuses a host tier of 0 pages, so
                   it keeps 1 page per allocator, never written. This is the device prefix
                   cache a server has without offloading (a radix cache on device)
     no_cache      the cache only hands out pages (`alloc` / `free`); nothing is matched or
@@ -66,16 +66,13 @@ class CacheCalls:
         self.cache.step()
 
     def acquire(self, prompts: list[np.ndarray]) -> list:
-        """The cached prefix of each prompt, pinned (`hc.Prefix`; None with no cache). One
-        `acquire_many` when the cache has it: the host loads of the whole step as one program."""
+        """The cached prefix of each prompt, pinned (`hc.Prefix`; None with no cache): one
+        `acquire_many`, so the host loads of the whole step go as one transfer."""
         match self.kind:
             case CacheKind.NO_CACHE:
                 return [None] * len(prompts)
             case _:
-                load_back = self.kind is CacheKind.HICACHE
-                if hasattr(self.cache, "acquire_many"):
-                    return self.cache.acquire_many(prompts, load_back=load_back, deferred=False)
-                return [self.cache.acquire(p, load_back=load_back) for p in prompts]
+                return self.cache.acquire_many(prompts, load_back=self.kind is CacheKind.HICACHE, deferred=False)
 
     def alloc(self, pages: int) -> tuple[list[int], list[int]] | None:
         """(anchor pages, SWA pages) for `pages` new logical pages, or None: no room now."""

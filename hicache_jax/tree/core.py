@@ -89,6 +89,11 @@ class TreeCore:
         """Longest usable prefix of `tokens` on device, and how much more the host has (see matcher.py)."""
         return self._matcher.match(tokens)
 
+    def loads_along(self, tokens) -> set[LoadId]:
+        """The loads in flight owning a node along `tokens`' path (whose landing would change
+        its match); changes nothing."""
+        return self._matcher.loads_along(tokens)
+
     def insert(self, tokens, device_pages, window_pages: Mapping[str, Mapping[int, int]] | None = None) -> InsertResult:
         """Give a request's computed pages to the tree (see `Inserter.insert`)."""
         return self._inserter.insert(tokens, device_pages, window_pages)

@@ -64,6 +64,13 @@ class Matcher:
                            (dev_chain[-1] if dev_chain else root).id, (chain[-1] if chain else root).id, pending,
                            windows)
 
+    def loads_along(self, tokens) -> set[int]:
+        """Ids of the loads in flight that own a node along the usable part of `tokens`'
+        path: a match of `tokens` would change once they land. Changes nothing."""
+        tokens = as_tokens(tokens)
+        path = self._tree.walk(tokens[:cap_tokens(len(tokens), self._page)])
+        return {n.load_id for n, m in path if m and n.load_id is not None}
+
     def _boundary(self, path: list[tuple[Node, int]], limit: int, host: bool) -> int:
         """Largest boundary <= limit (pages) whose trailing window every window component covers."""
         b, settled, windows = limit, 0, self._windows

@@ -27,6 +27,11 @@ def seq(blocks) -> np.ndarray:
     return np.concatenate([np.full(P, 1000 + b, np.int32) + np.arange(P, dtype=np.int32) for b in blocks])
 
 
+def prompt(blocks) -> np.ndarray:
+    """The prompt of `blocks`: their whole pages and one token more."""
+    return np.concatenate([seq(blocks), np.asarray([7], np.int32)])
+
+
 def page_bytes(spec, blocks) -> np.ndarray:
     """[num_layers, *page_shape] of spec.dtype: the content of the page ending `blocks`."""
     digest = hashlib.sha256(f"{spec.name}:{tuple(blocks)}".encode()).digest()
@@ -91,15 +96,44 @@ class Driver:
         `land`: None, a blocking load-back; "step", a deferred one that a jitted step lands
         (`land_in_step`); "cache", a deferred one left for the cache to land (`drain`)."""
         c = self.cache
-        tokens = np.concatenate([seq(blocks), np.asarray([7], np.int32)])
-        prefix = c.acquire(tokens, load_back=load, deferred=land is not None)
-        if prefix.landing is not None:
-            if land == "step":
-                c.set_device_pools(land_in_step(c.device_pools, prefix.landing), landed=prefix.landing)
-            else:
-                c.drain()
-        usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
-        self.verify(blocks, table, window)          # every served page, device or host
+        prefix = c.acquire(prompt(blocks), load_back=load, deferred=land is not None)
+        self.land(prefix.landing, land)
+        self.verify(blocks, prefix.device_pages, prefix.swa_pages)   # every served page, device or host
+        return self.serve(blocks, prefix, swa_every, must_fit, step)
+
+    def request_many(self, batch, load=True, swa_every=False, land=None) -> list[int]:
+        """Serve prompts of `batch` (lists of blocks) admitted together: one `acquire_many`,
+        then each computed and inserted in turn; one the device cannot hold now is turned
+        away (-1). Returns the tokens each was served from the cache."""
+        c = self.cache
+        prefixes = c.acquire_many([prompt(b) for b in batch], load_back=load, deferred=land is not None)
+        assert len(prefixes) == len(batch)
+        landings = {id(p.landing): p.landing for p in prefixes if p.landing is not None}
+        assert len(landings) <= 1, "one landing at most per acquire_many"
+        for landing in landings.values():
+            self.land(landing, land)
+        for blocks, prefix in zip(batch, prefixes):
+            self.verify(blocks, prefix.device_pages, prefix.swa_pages)
+            assert len(prefix.device_pages) * P == prefix.length
+        served = []
+        for i, (blocks, prefix) in enumerate(zip(batch, prefixes)):
+            served.append(self.serve(blocks, prefix, swa_every, must_fit=False, step=i == len(batch) - 1))
+        return served
+
+    def land(self, landing, how) -> None:
+        """A deferred load's landing: landed by a jitted step ("step") or left to the cache."""
+        if landing is None:
+            return
+        c = self.cache
+        if how == "step":
+            c.set_device_pools(land_in_step(c.device_pools, landing), landed=landing)
+        else:
+            c.drain()
+
+    def serve(self, blocks, prefix, swa_every=False, must_fit=True, step=True) -> int:
+        """Compute the pages of `blocks` past `prefix` (acquired), insert them, unlock."""
+        c = self.cache
+        usable, table = prefix.length, prefix.device_pages
         self.host_hits += prefix.host_tokens
         self.storage_hits += prefix.storage_tokens
         self.device_hits += prefix.device_tokens

@@ -1,8 +1,8 @@
 """Random serving through the public API over a real engine that may be slow or fail.
 
 Each example picks a layout, a write policy and a link (fast, or slow: transfers are seen
-done only when waited on), then runs random requests, steps, drains, evictions and
-injected transfer failures. The driver writes bytes unique to (pool, token prefix) into
+done only when waited on), then runs random requests (alone, or a step's batch through
+`acquire_many`), steps, drains, evictions and injected transfer failures. The driver writes bytes unique to (pool, token prefix) into
 every page it computes and checks every page the cache serves, from device or host, so a
 wrongly or half-restored prefix fails the test; `check_invariants()` runs after every call.
 A load-back through the pieces (`match_prefix` / `lock` / `load_back` / `step` / `wait`)
@@ -57,6 +57,17 @@ class CacheMachine(RuleBasedStateMachine):
     def request(self, blocks, swa_every, load, land):
         self.driver.request(blocks, load=load, swa_every=swa_every, land=land)   # checks every served page
         self.seen.append(blocks)
+
+    @rule(batch=st.lists(PROMPT, min_size=0, max_size=4), picks=st.lists(st.integers(0, 31), max_size=3),
+          swa_every=st.booleans(), load=st.sampled_from([True, True, True, False]),
+          land=st.sampled_from([None, None, "step", "cache"]))
+    def request_many(self, batch, picks, swa_every, load, land):
+        """A step's admitted requests in one `acquire_many`: new prompts and earlier ones (a
+        shared prefix, duplicates); every served page is checked, then each is computed."""
+        batch = batch + [self.seen[k % len(self.seen)] for k in picks if self.seen]
+        served = self.driver.request_many(batch, load=load, swa_every=swa_every, land=land)
+        event(f"acquire_many of {len(batch)}: {sum(s > 0 for s in served)} served from the cache")
+        self.seen.extend(batch)
 
     @rule(pick=st.integers(0, 31), longer=st.booleans())
     def revisit(self, pick, longer):

@@ -1,8 +1,9 @@
 """TransferPlan: per-allocator page batches, derived rows, coalesced host runs, validation."""
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from hicache_jax.plan import Direction, HostRun, make_plan
+from hicache_jax.plan import Direction, HostRun, make_plan, merge_plans
 from helpers import layout
 
 
@@ -54,3 +55,71 @@ def test_plan_capacity_and_empty():
     empty = make_plan(lay, "load", {"kv": ([], [])})
     assert empty.is_empty and empty.nbytes(lay) == 0
     assert make_plan(lay, "backup", {"kv": ([1], [2])}).batch("kv").pools == ("gqa_kv",)
+
+
+def test_merge_plans_sorts_the_union_by_host_page():
+    lay = layout("tiny_v4")
+    a = make_plan(lay, "load", {"kv": ([7, 3], [20, 21]), "swa": ([5], [9])})
+    b = make_plan(lay, "load", {"kv": ([9, 4], [22, 40])})
+    merged = merge_plans([a, b])
+    kv = merged.batch("kv")
+    assert kv.device_pages.tolist() == [7, 3, 9, 4] and kv.host_pages.tolist() == [20, 21, 22, 40]
+    assert kv.host_runs == (HostRun(0, 20, 3), HostRun(3, 40, 1))
+    assert [x.allocator for x in merged.batches] == ["kv", "swa"]
+    assert merged.batch("swa").device_pages.tolist() == [5] and merged.direction is Direction.LOAD
+    assert merged.nbytes(lay) == a.nbytes(lay) + b.nbytes(lay)
+    assert merge_plans([a]) is a
+
+
+@pytest.mark.parametrize("which,match", [
+    ("none", "at least one"), ("directions", "one direction"), ("device", "device pages \\[3\\]"),
+    ("host", "host pages \\[21\\]"),
+])
+def test_merge_plans_refuses(which, match):
+    lay = layout("tiny_v4")
+    a = make_plan(lay, "load", {"kv": ([7, 3], [20, 21])})
+    other = {"none": None, "directions": make_plan(lay, "backup", {"kv": ([1], [1])}),
+             "device": make_plan(lay, "load", {"kv": ([3], [30])}),
+             "host": make_plan(lay, "load", {"kv": ([8], [21])})}[which]
+    with pytest.raises(ValueError, match=match):
+        merge_plans([] if other is None else [a, other])
+
+
+@st.composite
+def _disjoint_plans(draw):
+    """Load plans of tiny_v4 over disjoint device and host pages of each allocator."""
+    n = draw(st.integers(1, 5))
+    plans = []
+    for allocator, cap in (("kv", 64), ("swa", 32)):
+        dev = draw(st.permutations(range(cap)))
+        host = draw(st.permutations(range(cap)))
+        sizes = draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+        lo = 0
+        for i, k in enumerate(sizes):
+            if len(plans) <= i:
+                plans.append({})
+            if k or allocator == "kv":
+                plans[i][allocator] = (dev[lo:lo + k], host[lo:lo + k])
+            lo += k
+    return [make_plan(layout("tiny_v4"), "load", p) for p in plans]
+
+
+@settings(max_examples=60, deadline=None)
+@given(_disjoint_plans())
+def test_merge_plans_is_make_plan_of_the_union(plans):
+    lay = layout("tiny_v4")
+    merged = merge_plans(plans)
+    union = {}
+    for p in plans:
+        for b in p.batches:
+            d, h = union.setdefault(b.allocator, ([], []))
+            d.extend(b.device_pages.tolist())
+            h.extend(b.host_pages.tolist())
+    expect = make_plan(lay, "load", union)
+    assert [b.allocator for b in merged.batches] == [b.allocator for b in expect.batches]
+    for got, want in zip(merged.batches, expect.batches):
+        assert got.pools == want.pools and got.host_runs == want.host_runs
+        assert got.host_pages.tolist() == want.host_pages.tolist()
+        assert got.device_pages.tolist() == want.device_pages.tolist()
+        assert got.device_pages.dtype == np.int32 and got.host_pages.dtype == np.int32
+    assert merged.nbytes(lay) == sum(p.nbytes(lay) for p in plans)
