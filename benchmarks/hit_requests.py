@@ -24,31 +24,40 @@ clock = time.perf_counter
 EVERY = 10 ** 6          # "every page": what `evict` / `evict_host` are asked to free
 
 
-@functools.partial(jax.jit, static_argnums=(1, 2))
-def _random_pages(key, shape: tuple[int, ...], dtype):
-    """Random bytes of `shape` and `dtype` (a one- or two-byte type)."""
-    bits = jax.random.bits(key, shape, jnp.uint8 if dtype == jnp.uint8 else jnp.uint16)
-    return jax.lax.bitcast_convert_type(bits, dtype)
+_ODD = (0x9E3779B1, 0x85EBCA77, 0xC2B2AE3D, 0x27D4EB2F, 0x165667B1, 0xD3A2646D, 0xFD7046C5, 0xB55A4F09)
 
 
-_scatter = jax.jit(lambda pool, pages, values: pool.at[:, pages].set(values), donate_argnums=0)
+@functools.cache
+def _fill_program(sharding):
+    """One program writing pseudo-random bytes into a pool's pages (the pool stays where it
+    was): (pool, i32[n] pages, u32 seed) -> (pool, values[layers, n, ...]). The bytes are a
+    hash of the seed and of each element's place, cheap to compile (jax.random's are not)."""
+    def fill_pages(pool, pages, seed):
+        shape = (pool.shape[0], pages.shape[0], *pool.shape[2:])
+        h = seed * jnp.uint32(_ODD[0])
+        for axis in range(len(shape)):
+            h = h + jax.lax.broadcasted_iota(jnp.uint32, shape, axis) * jnp.uint32(_ODD[1 + axis % 7])
+        for shift, mul in ((16, 0x7FEB352D), (15, 0x846CA68B)):
+            h = (h ^ (h >> shift)) * jnp.uint32(mul)
+        h = h ^ (h >> 16)
+        bits = h.astype(jnp.uint8 if pool.dtype == jnp.uint8 else jnp.uint16)
+        values = jax.lax.bitcast_convert_type(bits, pool.dtype)
+        return pool.at[:, pages].set(values), values
+    return jax.jit(fill_pages, donate_argnums=0, out_shardings=(sharding, sharding))
 
 
 def fill(cache: hc.HiCache, grant: dict[str, np.ndarray], seed: int) -> dict[str, jax.Array]:
-    """Random bytes in the granted device pages of every pool; returns them, `{pool:
-    values[layers, granted pages, ...]}` (pools with no granted page left out). Module-level
-    programs: one compile per shape, not per call (bench_api's `fill` compiles every call)."""
+    """Pseudo-random bytes (of `seed`, each pool its own) in the granted device pages of
+    every pool; returns them, `{pool: values[layers, granted pages, ...]}` (pools with no
+    granted page left out). One program per pool and page count, compiled once."""
     pools, written = cache.device_pools, {}
-    key = jax.random.key(seed)
-    for spec in cache.layout.byte_pools:
+    for i, spec in enumerate(cache.layout.byte_pools):
         pages = jnp.asarray(grant.get(spec.allocator, np.zeros(0, np.int32)))
         if pages.size == 0:
             continue
-        key, sub = jax.random.split(key)
         pool = pools[spec.name]
-        values = _random_pages(sub, (pool.shape[0], int(pages.size), *pool.shape[2:]), pool.dtype)
-        pools[spec.name] = _scatter(pool, pages, values)
-        written[spec.name] = values
+        pools[spec.name], written[spec.name] = _fill_program(pool.sharding)(
+            pool, pages, jnp.uint32((seed * 64 + i) % 2 ** 32))
     cache.set_device_pools(pools)
     return written
 
@@ -59,7 +68,7 @@ class Request:
 
     tokens: np.ndarray                                          # i32[pages * page_size]
     kv: list[tuple[int, dict[str, jax.Array]]]                  # (first logical page, {pool: values})
-    window: dict[int, dict[str, jax.Array]]                     # logical page -> {pool: values[layers, ...]}
+    window: dict[int, dict[str, jax.Array]]                     # logical page -> {pool: values[layers, 1, ...]}
 
     def prompt(self, more: np.ndarray | None = None) -> np.ndarray:
         """The prompt of a later request: these tokens, then `more` (default: one token)."""
@@ -93,7 +102,7 @@ def compute(cache: hc.HiCache, toks: np.ndarray, seed: int, before: Request | No
           (reused, {p: v for p, v in written.items() if alloc[p] == cache.anchor})]
     win_of = dict(before.window) if before else {}
     for i, p in enumerate(win):
-        win_of[p] = {name: v[:, i] for name, v in written.items() if alloc[name] == cache.swa_allocator}
+        win_of[p] = {name: v[:, i:i + 1] for name, v in written.items() if alloc[name] == cache.swa_allocator}
     keep = {p: int(grant[cache.swa_allocator][i]) for i, p in enumerate(win)} if window else None
     pages = grant[cache.anchor] if held is None else np.concatenate([held.device_pages, grant[cache.anchor]])
     res = cache.insert(toks, pages, keep)
@@ -104,15 +113,13 @@ def compute(cache: hc.HiCache, toks: np.ndarray, seed: int, before: Request | No
     return Request(np.asarray(toks, np.int32), kv, win_of)
 
 
-_UNSIGNED = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}
-
-
-def same_bits(a: jax.Array, b: jax.Array) -> bool:
-    """Equal bit for bit (random bytes in a float pool hold NaNs, which `==` calls unequal)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    as_bits = _UNSIGNED[a.dtype.itemsize]
-    return bool(jnp.array_equal(jax.lax.bitcast_convert_type(a, as_bits), jax.lax.bitcast_convert_type(b, as_bits)))
+@jax.jit
+def _same_bits(pool, pages, want):
+    """Whether `pool[:, pages]` equals `want` bit for bit (random bytes in a float pool hold
+    NaNs, which `==` calls unequal)."""
+    as_bits = {1: jnp.uint8, 2: jnp.uint16, 4: jnp.uint32}[want.dtype.itemsize]
+    got = pool[:, pages]
+    return jnp.array_equal(jax.lax.bitcast_convert_type(got, as_bits), jax.lax.bitcast_convert_type(want, as_bits))
 
 
 def restored(cache: hc.HiCache, prefix, request: Request) -> bool:
@@ -123,7 +130,8 @@ def restored(cache: hc.HiCache, prefix, request: Request) -> bool:
     for first, values in request.kv:
         for name, want in values.items():
             hi = min(n, first + want.shape[1])
-            if hi > first and not same_bits(pools[name][:, jnp.asarray(device[first:hi])], want[:, :hi - first]):
+            if hi > first and not _same_bits(pools[name], jnp.asarray(device[first:hi]),
+                                             want if hi - first == want.shape[1] else want[:, :hi - first]):
                 return False
     swa = np.asarray(prefix.swa_pages)
     if len(swa) != min(n, cache.window_pages):
@@ -132,7 +140,7 @@ def restored(cache: hc.HiCache, prefix, request: Request) -> bool:
         if logical not in request.window:
             return False
         for name, want in request.window[logical].items():
-            if not same_bits(pools[name][:, page], want):
+            if not _same_bits(pools[name], jnp.asarray([page], jnp.int32), want):
                 return False
     return True
 
