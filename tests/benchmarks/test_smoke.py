@@ -151,3 +151,35 @@ def test_api_ab_smoke(tmp_path):
     assert result["base"] == "HEAD" and r["python_only"] and r["rounds"] == 20
     assert r["ms"]["base"] > 0 and r["ms"]["this"] > 0 and abs(r["paired_saving_ms"]["this"]) < r["ms"]["base"]
     assert r["ms"]["contiguous"] > 0 and r["first_pages_landed_on"] == {"base": 1, "this": 1}
+
+
+def test_bench_hits_smoke(tmp_path):
+    """Host hits as traffic shapes them (a whole backup, part of a write-back batch, a shared
+    system prompt, two turns, first vs repeat, N requests): every one byte-exact, moving the
+    bytes of its contiguous reference, with nothing compiled while timed."""
+    out = tmp_path / "result.json"
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_hits.py"), "--smoke", "--out", str(out)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    result = json.loads(r.stdout.strip().splitlines()[-1])
+    assert result == json.loads(out.read_text()) and result["exact"] is True
+    runs = result["runs"]
+    assert {r["mode"] for r in runs} == {"whole_block", "write_back_batch", "shared_prompt", "multi_turn",
+                                         "first_vs_repeat", "batched"}
+    assert {r["config"] for r in runs} == {"tiny-v4", "tiny-gqa"} and {r["pages"] for r in runs} == {1, 4}
+    for r in runs:
+        assert r["exact"] and r["bytes_as_expected"] and r["checked_hits"] > r["rounds"], r
+        assert r["ratio"] > 0 and r["ms"] > 0 and r["contiguous_ms"] > 0 and r["dispatches"] >= 1, r
+        assert r["compiles_in_timed_calls"] == 0, r
+        if r["mode"] == "write_back_batch":      # one backup batch of 4 prompts; the hit is a quarter of it
+            assert r["backup_transfers"] == 1 and r["backed_up_pages"] == 4 * r["hit_pages"]
+        if r["mode"] == "shared_prompt":         # one node backed up; the hit is its first half
+            assert r["backup_transfers"] == 1 and r["backed_up_pages"] == 2 * r["hit_pages"]
+        if r["mode"] == "multi_turn":            # two turns' nodes demoted together, hit whole
+            assert r["backup_transfers"] == 1 and sum(r["turn_pages"]) == r["hit_pages"]
+        if r["mode"] == "first_vs_repeat":
+            assert r["first_ms"] > 0 and r["first_over_repeat"] > 0 and r["first"]["ratio"] > 0
+        if r["mode"] == "batched":
+            assert r["one_by_one"]["dispatches"] >= r["batch"] and r["hit_pages"] == r["batch"] * r["pages"]
+            assert (r["acquire_many"]["ratio"] > 0) if result["acquire_many"] else r["acquire_many"] is None
+    assert {r["batch"] for r in runs if r["mode"] == "batched"} == {1, 4}
