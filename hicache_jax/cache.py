@@ -115,6 +115,13 @@ class HiCache:
         self._engine.warmup(max_pages)
         self._data.warm_landings()
 
+    def wait_compiles(self) -> None:
+        """Block until the programs compiling in the background are ready: a load that
+        gathers pieces of several host blocks runs as one program from the second load of
+        its shape on (the first moves by per-chunk programs meanwhile). For warm-up and
+        benchmarks; a serving loop need not call it."""
+        self._engine.wait_compiles()
+
     def landing_examples(self):
         """One `Landing` of every shape a deferred load can hand to a step, landing nothing:
         run the serving loop's step on each at warm-up (as on a request's first prefill

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from hicache_jax.layout.rows import RowFormat
+from hicache_jax.transfer import compile_cache
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
 
@@ -48,6 +49,11 @@ class EngineSeams:
         for progs in self._programs.values():
             progs.hook = hook
         self._plan_programs.hook = hook
+
+    @staticmethod
+    def wait_compiles() -> None:
+        """Block until every program compiling on the background thread is ready."""
+        compile_cache.wait_background()
 
     def plan_program(self, backup: bool, runs: tuple[tuple, ...]):
         """The one program that moves a plan whose allocators each move as one chunk: `runs`

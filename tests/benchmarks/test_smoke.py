@@ -169,7 +169,9 @@ def test_bench_hits_smoke(tmp_path):
     assert {r["config"] for r in runs} == {"tiny-v4", "tiny-gqa"} and {r["pages"] for r in runs} == {1, 4}
     for r in runs:
         assert r["exact"] and r["bytes_as_expected"] and r["checked_hits"] > r["rounds"], r
-        assert r["ratio"] > 0 and r["ms"] > 0 and r["contiguous_ms"] > 0 and r["dispatches"] >= 1, r
+        assert r["ratio"] > 0 and r["ms"] > 0 and r["contiguous_ms"] > 0, r
+        # one device: after warm-up every hit, whole blocks or pieces of several, runs ONE program
+        assert r["dispatches"] == 1 or r["mode"] == "batched", r
         assert r["compiles_in_timed_calls"] == 0, r
         if r["mode"] == "write_back_batch":      # one backup batch of 4 prompts; the hit is a quarter of it
             assert r["backup_transfers"] == 1 and r["backed_up_pages"] == 4 * r["hit_pages"]
@@ -181,5 +183,5 @@ def test_bench_hits_smoke(tmp_path):
             assert r["first_ms"] > 0 and r["first_over_repeat"] > 0 and r["first"]["ratio"] > 0
         if r["mode"] == "batched":
             assert r["one_by_one"]["dispatches"] >= r["batch"] and r["hit_pages"] == r["batch"] * r["pages"]
-            assert (r["acquire_many"]["ratio"] > 0) if result["acquire_many"] else r["acquire_many"] is None
+            assert r["acquire_many"]["ratio"] > 0 and r["acquire_many"]["dispatches"] == 1, r
     assert {r["batch"] for r in runs if r["mode"] == "batched"} == {1, 4}
