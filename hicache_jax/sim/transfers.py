@@ -1,4 +1,4 @@
-"""`Transfers`: what `HiCache`'s engine, flights and storage link do for one simulated
+"""`Transfers`: what `HiCache`'s data plane (engine, transfer driver) and storage link do for one simulated
 instance, with time instead of bytes.
 
 Every transfer the tree commits gets a time when it has landed: its bytes (the plan's,
