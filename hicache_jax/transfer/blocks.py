@@ -1,19 +1,14 @@
-"""The engine's side of the host blocks: where a load chunk's rows are, early copies of
-whole blocks, rows read and written outside any plan, and compaction.
+"""The engine's side of the host blocks: where a load chunk's rows are, rows read and
+written outside any plan, and compaction.
 
 Host pages live in pinned blocks (`HostTier`): a load chunk that is exactly one block
 moves whole (`WholeBlock`), or from the device copy an early copy program of that block
-started (`EarlyCopy`); any other chunk gathers its rows block by block (`Pieces`, see
-moves.py). An early copy starts when the tree is about to plan a load
-(`copy_early`) or first thing in the load's `start`, so the copy engine moves the block while
-Python checks and dispatches; it costs a device copy of the block until it is unpacked.
-The copy is a program that takes only the block (`Program.COPY`): no page index to hand
-over, so its DMA starts at once, and its call costs less host time than `jax.device_put`.
+started (`EarlyCopy`, early.py); any other chunk gathers its rows block by block (`Pieces`,
+see moves.py), from early copies of its pieces where there are some.
 """
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -21,18 +16,12 @@ from pallas_kernels import PAD
 
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
-from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.moves import EarlyCopy, Move, Piece, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
-# `TransferConfig.early_copy_bytes` (12 MiB): a one-block load chunk this large starts its copy
-# before the checks. On the H200 a 12-16 MiB block gained 0.15-0.22 ms from it (16 V4-Flash /
-# 32 V4.1-Flash pages), while an 8 MB one (a V4-Flash SWA page) lost 0.13-0.16 ms: the copy
-# program's call outweighs the overlap. Copying a load's smaller blocks together (one program,
-# started before the tree plans) lost too: 0.09-0.22 ms at one page, 0.10 ms for 16 V4.1-Flash
-# pages (6.7 + 6.0 MB). `TransferConfig.landing_buckets` (3): a deferred load leaves one whole
+# `TransferConfig.landing_buckets` (3): a deferred load leaves one whole
 # anchor block to the model's step when its rows are one of that many largest powers of two
 # of a chunk; the step compiles once per size, at warm-up (`TransferEngine.landing_examples`).
 
@@ -42,64 +31,14 @@ class HostBlocks:
     (one-element indices from the engine's `ints`)."""
 
     def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
-                 early_copy_bytes: int, landing_rows: dict[str, tuple[int, ...]]):
+                 landing_rows: dict[str, tuple[int, ...]]):
         self.host, self._programs, self._ints = host, programs, ints
-        self.early_bytes = early_copy_bytes
         self.landing_rows = landing_rows      # {allocator: block sizes (rows) a step may land}
-        # by id(block): (block, device copy); holding the block keeps its id from being reused
-        self._early: dict[int, tuple[jax.Array, jax.Array]] = {}
-
-    # -- early copies ------------------------------------------------------------------------
-    def early(self, progs: AllocatorPrograms, pages: int) -> bool:
-        """Whether a whole-block load chunk of `pages` pages moves by an early copy."""
-        return not progs.broadcast_load and pages * progs.fmt.row_bytes >= self.early_bytes
-
-    def copy_early(self, allocator: str, num_pages: int, host_pages: Callable[[], np.ndarray | None]) -> bool:
-        """Start copying `allocator`'s host pages to the device ahead of the load that will
-        move them, when they are one whole block of at least `early_bytes`: `num_pages` says
-        how many the load will move (smaller loads return at once), `host_pages()` which
-        (None: none). The next load that moves that block unpacks the copy; the next load's
-        start drops any copy it did not use. True if a copy is under way."""
-        progs = self._programs.get(allocator)
-        if progs is None or not self.early(progs, num_pages) or (pages := host_pages()) is None:
-            return False
-        pages = np.asarray(pages)
-        if pages.ndim != 1 or not pages.size or not np.issubdtype(pages.dtype, np.integer):
-            return False
-        if not (np.diff(pages) == 1).all():
-            return False
-        return self._copy(allocator, int(pages[0]), int(pages.size), self._early)
-
-    def early_copies(self, plan: TransferPlan) -> dict[int, tuple[jax.Array, jax.Array]]:
-        """The early copies a load plan uses, `{id(block): (block, device copy)}`: those
-        `copy_early` started, and a new one for every large one-block batch without one. A
-        plan that would not pass the checks starts nothing new (`check_plan` names it)."""
-        if getattr(plan, "direction", None) is not Direction.LOAD:
-            return {}
-        copies, self._early = self._early, {}
-        try:
-            for batch in plan.batches:
-                if len(batch.host_runs) == 1 and batch.host_runs[0].length == batch.num_pages:
-                    self._copy(batch.allocator, batch.host_runs[0].host_start, batch.num_pages, copies)
-        except (IndexError, TypeError, ValueError, AttributeError):
-            pass
-        return copies
-
-    def _copy(self, allocator: str, start: int, n: int, into: dict) -> bool:
-        progs = self._programs.get(allocator)
-        if progs is None or n & (n - 1) or n > progs.chunk_pages or not self.early(progs, n) \
-                or not 0 <= start <= self.host.pages[allocator] - n:
-            return False
-        block = self.host.tables[allocator].whole(start, n)
-        if block is None:
-            return False
-        if id(block) not in into:
-            into[id(block)] = (block, progs.compiled(Program.COPY, block_rows(block))(block))
-        return True
 
     # -- load chunks -------------------------------------------------------------------------
     def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict) -> Move:
-        """How one load chunk moves (module docstring, moves.py)."""
+        """How one load chunk moves (module docstring, moves.py); `early`: the load's early
+        copies (`EarlyCopies.take`; only whole blocks' when its pieces' copies are not wanted)."""
         table = self.host.tables[progs.fmt.allocator]
         start = part.whole_run_host_start
         if start is not None and not progs.broadcast_load:
@@ -113,8 +52,11 @@ class HostBlocks:
                 dst = int(g.staging_rows[i])
                 for block, row, n in table.segments(int(g.host_rows[i]), 1 << g.log2_rows):
                     for piece, k in binary(n):
+                        copied = early.get((id(table.arrays[block]), row + piece, k)) if block != NO_BLOCK else None
                         if block == NO_BLOCK:
                             pieces.append(Piece(self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
+                        elif copied is not None:
+                            pieces.append(Piece(copied[1], 0, k, dst + piece, copied=True))
                         else:
                             pieces.append(Piece(table.arrays[block], row + piece, k, dst + piece))
                     dst += n
@@ -268,7 +210,8 @@ def _largest_block(chunk_moves: list[Move], sizes) -> tuple[int, int | None] | N
             case WholeBlock(block):
                 found = [(block_rows(block), None)]
             case Pieces(pieces):
-                found = [(p.rows, i) for i, p in enumerate(pieces) if p.row == 0 and block_rows(p.block) == p.rows]
+                found = [(p.rows, i) for i, p in enumerate(pieces)
+                         if p.row == 0 and block_rows(p.block) == p.rows and not p.copied]
             case _:
                 found = []
         for n, piece in found:

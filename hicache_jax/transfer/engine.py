@@ -38,6 +38,7 @@ from hicache_jax.pools import DevicePools, Devices, HostTier, RowFormat, checked
 from hicache_jax.transfer import chunks as chunking, warm
 from hicache_jax.transfer.blocks import HostBlocks
 from hicache_jax.transfer.dispatch import ChunkDispatch, backup_keys
+from hicache_jax.transfer.early import EarlyCopies
 from hicache_jax.transfer.engine_seams import EngineSeams
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
@@ -112,7 +113,8 @@ class TransferEngine(EngineSeams):
         anchor = self._programs.get(layout.anchor.name)
         self.landing_sizes = () if anchor is None or anchor.broadcast_load else tuple(
             sorted({anchor.chunk_pages >> i for i in range(config.landing_buckets)} - {0}))
-        self._blocks = HostBlocks(self.host, self._programs, self._ints, config.early_copy_bytes,
+        self._early = EarlyCopies(self.host, self._programs, self._ints, config.early_copy_bytes)
+        self._blocks = HostBlocks(self.host, self._programs, self._ints,
                                   {layout.anchor.name: self.landing_sizes} if self.landing_sizes else {})
         self._dispatch = ChunkDispatch(self._programs, self._plan_programs, self.host, self._ints, self.devices)
         self._whole = WholePlans(self._programs, self.host, layout.anchor.name, layout.window_pages(),
@@ -150,7 +152,7 @@ class TransferEngine(EngineSeams):
         started = time.perf_counter()
         if not isinstance(deferred, bool):
             raise ValueError(f"deferred must be a bool, got {deferred!r}")
-        early = {} if deferred else self._blocks.early_copies(plan)
+        early = {} if deferred else self._early.take(plan)
         check_plan(plan, self.layout, self._device.pages, self.host.pages)
         self._device.check(pools)
         backup = plan.direction is Direction.BACKUP
@@ -158,16 +160,11 @@ class TransferEngine(EngineSeams):
             raise ValueError("only a load can be deferred; this plan is a backup")
         # the common load-back is read straight off the plan; anything else is chunked first
         direct = None if backup or deferred else self._whole.load(plan, early)
-        fused = None
         if direct is not None:
             program = self._plan_programs.compiled(False, direct[0])
-            work, moves, landing, whole = [], None, None, None
+            work, moves, landing, whole, fused = [], None, None, None, None
         else:
-            work, moves, landing, whole = self._prepare(plan, backup, deferred, early)
-            # one program for every allocator's chunk, once compiled (else per chunk, as below)
-            entries = None if backup or landing is not None or self.devices.mesh is not None \
-                else fused_entries(work, moves)
-            fused = self._plan_programs.ready_load(entries) if entries else None
+            work, moves, landing, whole, fused = self._prepare(plan, backup, deferred, early)
         out = pools if backup else dict(pools)
         tokens, error = [], None
         try:
@@ -195,9 +192,11 @@ class TransferEngine(EngineSeams):
         return out, TransferHandle(plan, plan.nbytes(self.layout), started, tokens, error, landing)
 
     def _prepare(self, plan: TransferPlan, backup: bool, deferred: bool, early: dict):
-        """`(work, moves, landing, whole)` of a plan that is not a whole load: its chunks per
-        allocator, how each load chunk moves, a deferred load's landing, a one-program backup's
-        key; every program they need compiled (a compile error leaves both tiers as they were)."""
+        """`(work, moves, landing, whole, fused)` of a plan that is not a whole load: its chunks
+        per allocator, how each load chunk moves, a deferred load's landing, a one-program
+        backup's key, a load's fused program if it is compiled (`PlanPrograms.ready_load`; the
+        first load of a shape moves per chunk, from the host blocks, not its pieces' early
+        copies); every program they need compiled (a compile error leaves both tiers as they were)."""
         work = []
         for batch in plan.batches:
             progs = self._programs.get(batch.allocator)
@@ -214,6 +213,13 @@ class TransferEngine(EngineSeams):
                                       for progs, names, block, pages in to_step],
                                      self._needed, self.layer_groups) if to_step else None
         whole = self._whole.backup_key(work) if backup else None
+        entries = None if backup or deferred or self.devices.mesh is not None else fused_entries(work, moves)
+        fused = self._plan_programs.ready_load(entries) if entries else None
+        if fused is not None:
+            return work, moves, landing, whole, fused
+        if moves is not None and any(isinstance(k, tuple) for k in early):
+            blocks_only = {k: v for k, v in early.items() if not isinstance(k, tuple)}
+            moves = [[self._blocks.load_move(progs, part, blocks_only) for part in parts] for progs, parts in work]
         if whole is not None:
             self._plan_programs.compiled(True, whole)
         elif backup:
@@ -226,7 +232,7 @@ class TransferEngine(EngineSeams):
                 for part, move in zip(parts, chunk_moves):
                     for key in self._blocks.load_keys(progs, part, move):
                         progs.compiled(*key)
-        return work, moves, landing, whole
+        return work, moves, landing, whole, None
 
     def land(self, landing: Landing, pools: Mapping[str, jax.Array]) -> dict[str, jax.Array]:
         """`pools` (donated) with every group of a deferred load's `landing` written, by one
@@ -271,13 +277,13 @@ class TransferEngine(EngineSeams):
         for progs in self._programs.values():
             self._dispatch.staging_buffer(progs)
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
-            for key in warm.chunk_keys(progs, limit, lambda pages: self._blocks.early(progs, pages)):
+            for key in warm.chunk_keys(progs, limit, lambda pages: self._early.early(progs, pages)):
                 progs.compiled(*key)
         plans = [] if self.devices.mesh is not None else warm.plan_shapes(
             self._programs, self.layout.anchor.name, self._whole.window, MAX_CHUNK_PAGES, max_pages)
         for runs in plans:
             self._plan_programs.compiled(True, runs)
-            self._plan_programs.compiled(False, tuple((a, n, int(self._blocks.early(self._programs[a], n)))
+            self._plan_programs.compiled(False, tuple((a, n, int(self._early.early(self._programs[a], n)))
                                                       for a, n in runs))
         return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
 

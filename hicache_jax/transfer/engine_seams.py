@@ -30,8 +30,8 @@ class EngineSeams:
         self._blocks.write_rows(progs, self._blocks.checked_pages(progs, host_pages), np.asarray(rows))
 
     def copy_early(self, allocator: str, num_pages: int, host_pages) -> bool:
-        """Start copying host pages to the device ahead of their load (see `HostBlocks.copy_early`)."""
-        return self._blocks.copy_early(allocator, num_pages, host_pages)
+        """Start copying host pages to the device ahead of their load (see `EarlyCopies.copy_early`)."""
+        return self._early.copy_early(allocator, num_pages, host_pages)
 
     def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
         """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""

@@ -24,7 +24,7 @@ from hicache_jax.transfer.moves import EarlyCopy, Move, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
 # One allocator's part of a fused load: (allocator, pages, (Program.LOAD_BLOCK, on device))
-# or (allocator, pages, (Program.LOAD_PIECES, ((block rows, log2 rows), ...) in staging order)).
+# or (allocator, pages, (Program.LOAD_PIECES, ((block rows, log2 rows, early copy), ...) in staging order)).
 FusedEntry = tuple[str, int, tuple]
 
 
@@ -164,7 +164,8 @@ def fused_entries(work, moves: list[list[Move]]) -> tuple[FusedEntry, ...] | Non
             case EarlyCopy():
                 entry = (Program.LOAD_BLOCK, 1)
             case Pieces(pieces):
-                entry = (Program.LOAD_PIECES, tuple((block_rows(p.block), p.log2_rows) for p in in_order(pieces)))
+                entry = (Program.LOAD_PIECES, tuple((block_rows(p.block), p.log2_rows, p.copied)
+                                                    for p in in_order(pieces)))
         entries.append((progs.fmt.allocator, parts[0].padded_pages, entry))
     if len(entries) < 2 and all(e[0] is Program.LOAD_BLOCK for _, _, e in entries):
         return None

@@ -15,8 +15,9 @@ group; one part, the whole row, by default), and so do blocks and the staging bu
              h2d(R, k)          staging (donated), block [R, ...], src i32[1], dst i32[1] -> staging
              unpack(S)          pools (donated), staging, idx i32[S] -> pools, token
              take(S)            staging -> its first S rows (to broadcast them)
-             load_pieces(S, P)  pools (donated), one block per piece, starts i32[k], idx i32[S] -> pools, token
-                                (P: each piece's block rows and log2 rows, in staging order)
+             load_pieces(S, P)  pools (donated), one block (or early device copy) per piece, starts i32[k],
+                                idx i32[S] -> pools, token (P: each piece's block rows, log2 rows and
+                                whether it is a device copy, in staging order)
     read:    read(R, k)         block [R, ...], start i32[1] -> 2**k rows on the device
              copy(R)            block [R, ...] -> the whole block on the device (a DMA)
 
@@ -204,22 +205,24 @@ class AllocatorPrograms:
         args = (self._pools(self.pool_shardings), block, self._index(pages))
         return load_block, args, (0,), (tuple(self.pool_shardings), self.home)
 
-    def _load_pieces(self, pages: int, shape: tuple[tuple[int, int], ...]):
+    def _load_pieces(self, pages: int, shape: tuple[tuple[int, int, bool], ...]):
         """A chunk gathered from pieces of host blocks in one program: each piece's rows
-        come to the device (a DMA when the piece is its whole block, else a slice) and are
-        unpacked straight into the pools at their pages, with no staging buffer."""
+        come to the device (a DMA when the piece is its whole block, else a slice; nothing
+        for an early copy, already there) and are unpacked straight into the pools at their
+        pages, with no staging buffer."""
         if self.broadcast_load:
             raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
 
         def load_pieces(pools, blocks, starts, idx):
             row = 0
-            for i, (block, (_, log2_rows)) in enumerate(zip(blocks, shape)):
+            for i, (block, (_, log2_rows, copied)) in enumerate(zip(blocks, shape)):
                 size = 1 << log2_rows
-                pools = self._scatter_rows(pools, _block_rows(block, starts[i:i + 1], size), idx[row:row + size])
+                rows = block if copied else _block_rows(block, starts[i:i + 1], size)
+                pools = self._scatter_rows(pools, rows, idx[row:row + size])
                 row += size
             return pools, idx[0] + 0
 
-        blocks = tuple(self._host_example(rows) for rows, _ in shape)
+        blocks = tuple(self._staging_spec(rows) if copied else self._host_example(rows) for rows, _, copied in shape)
         args = (self._pools(self.pool_shardings), blocks, self._index(len(shape)), self._index(pages))
         return load_pieces, args, (0,), (tuple(self.pool_shardings), self.home)
 

@@ -168,7 +168,7 @@ def test_early_copies_serve_the_same_bytes(name):
     thing in the engine's start), hits serve the bytes written and no copy is left behind."""
     cfg = hc.HiCacheConfig(device_pages=6, host_pages=24, write_policy="write_through", check_invariants=True)
     cache, _ = faulty_cache(layout(name), cfg)
-    cache._engine._blocks.early_bytes = 0
+    cache._engine._early.early_bytes = 0
     d = Driver(cache)
     for turn in range(3):
         for conv in ([0, 1], [2, 3], [1, 0], [3, 2]):
@@ -178,7 +178,7 @@ def test_early_copies_serve_the_same_bytes(name):
     early = [k for k in cache._engine.compiled_programs() if "load_block" in k and k.endswith(", 1)")
              or k.startswith("plan:load_block") and ", 1)" in k]
     assert early, sorted(cache._engine.compiled_programs())
-    assert not cache._engine._blocks._early
+    assert not cache._engine._early._pending
 
 
 @pytest.mark.parametrize("name,tp", [("tiny_gqa", 2), ("tiny_gqa", 4), ("tiny_v4", 2)])

@@ -40,7 +40,7 @@ class CacheMachine(RuleBasedStateMachine):
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)
         if early:                       # every one-block load copied early (prefetch / start)
-            self.cache._engine._blocks.early_bytes = 0
+            self.cache._engine._early.early_bytes = 0
         self.driver = Driver(self.cache)
         self.seen = []
         for blocks in first:            # some conversations to come back to

@@ -73,3 +73,38 @@ def test_background_compilations_are_counted_apart_from_the_ones_a_caller_waits_
     calls = record(t)
     t.run("load", pages)
     assert len(calls) == 1 and calls[0].startswith(FUSED)
+
+
+@pytest.mark.parametrize("case", [("tiny_v4", None, "reference"), ("tiny_v4", None, "reference", 3)],
+                         ids=lambda c: "-".join(map(str, c)))
+def test_pieces_copied_early_are_unpacked_by_the_fused_program_and_dropped_without_it(case):
+    """A large run inside a block starts its pieces' copies ahead (`copy_early`, or the
+    load's start); the fused program unpacks the copies; without a fused program yet, the
+    load moves from the host blocks and the copies are dropped. Exact every time."""
+    t = Harness(*case)
+    t.engine._early.early_bytes = 0                   # every piece is large enough
+    t.run("backup", {"kv": (list(range(8)), list(range(16, 24)))})     # one block of 8 rows
+    calls = record(t)
+    hit = np.arange(18, 24)                           # rows 2..7: pieces of 4 and 2 rows
+    for round_ in range(3):
+        calls.clear()
+        assert t.engine.copy_early("kv", hit.size, lambda: hit)
+        assert len(t.engine._early._pending) == 2
+        t.run("load", {"kv": (np.arange(6) + round_, hit)})
+        assert not t.engine._early._pending           # taken by the load, used or dropped
+        if round_:                                    # compiled in the background after the first
+            assert len(calls) == 1 and calls[0].startswith(FUSED) and "True" in calls[0], calls
+            assert "kv:read[8, 2]" in t.engine.program_jaxprs()
+        compile_cache.wait_background()
+    t.check()
+
+
+def test_an_early_copy_is_only_made_of_pieces_a_load_would_cut():
+    t = Harness("tiny_v4", None, "reference")
+    t.engine._early.early_bytes = 0
+    t.run("backup", {"kv": ([0, 1, 2, 3], [8, 9, 10, 11])})
+    t.run("backup", {"kv": ([4, 5, 6, 7], [12, 13, 14, 15])})
+    across = np.arange(10, 14)                        # two blocks: the load's pieces would not match
+    assert not t.engine.copy_early("kv", across.size, lambda: across)
+    t.run("load", {"kv": (np.arange(4), across)})
+    assert not t.engine._early._pending

@@ -218,7 +218,7 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
     checked; the load program unpacks that copy. Exact, in one program per plan on one
     device; a plan that fails its checks moves nothing."""
     t = Harness(name, tp, "reference")
-    t.engine._blocks.early_bytes = 0
+    t.engine._early.early_bytes = 0
     a = t.allocators[0]
     n = t.engine.chunk_pages(a)        # a run of one whole chunk
     run = np.arange(n, 2 * n)
@@ -231,21 +231,21 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
         t.run("backup", {a: (np.arange(n), run), other: ([1], [3])})
         t.run("load", {a: (np.arange(DEVICE_PAGES - n, DEVICE_PAGES), run), other: ([2], [3])})
         assert f"plan:load_block[('{a}', {n}, 1), ('{other}', 1, 1)]" in t.engine.compiled_programs()
-    # `prefetch`: only one whole block, of consecutive pages, is copied ahead; the next
-    # load's start takes it (or drops it)
-    blocks = t.engine._blocks
+    # `copy_early`: the pages the load will move, in any order, are copied ahead; the next
+    # load's start takes the copies (or drops them)
+    early = t.engine._early
     fetch = lambda pages: t.engine.copy_early(a, n, lambda: pages)
-    assert not fetch(None) and not fetch(run[:-1]) and not fetch(run[::-1]) and not fetch([[1]])
-    assert not t.engine.copy_early("nope", n, lambda: run) and not blocks._early
-    blocks.early_bytes = 10 ** 12                                  # too small a load: never asked for its pages
+    assert not fetch(None) and not fetch(run[:-1]) and not fetch([[1]]) and not fetch(run + 10 ** 6)
+    assert not t.engine.copy_early("nope", n, lambda: run) and not early._pending
+    early.early_bytes = 10 ** 12                                  # too small a load: never asked for its pages
     assert not t.engine.copy_early(a, n, lambda: pytest.fail("pages of a small load"))
-    blocks.early_bytes = 0
-    assert fetch(run) and len(blocks._early) == 1
+    early.early_bytes = 0
+    assert fetch(run[::-1]) and len(early._pending) == 1
     t.run("load", {a: (np.arange(n), run)})
-    assert not blocks._early
+    assert not early._pending
     assert fetch(run)
     t.run("load", {a: (np.arange(1), run[:1])})                  # another load: the copy is dropped
-    assert not blocks._early
+    assert not early._pending
     before = {k: as_bytes(v).copy() for k, v in t.pools.items()}
     bad = make_plan(t.layout, "load", {a: (np.r_[np.arange(n - 1), DEVICE_PAGES], run)})
     with pytest.raises(ValueError, match="outside"):
@@ -326,7 +326,7 @@ def test_a_whole_load_moves_by_one_plan_program_read_straight_off_the_plan(monke
     t.run("load", {"kv": ([7, 1, 4, 10], [8, 9, 10, 11]), "swa": ([0], [5])})
     assert plans == [(("kv", 4, 0), ("swa", 1, 0))]                 # one program, no chunking
     plans.clear()
-    t.engine._blocks.early_bytes = 1                                  # every block copied early
+    t.engine._early.early_bytes = 1                                  # every block copied early
     t.run("load", {"kv": ([3, 2], [20, 21]), "swa": ([1], [6])})
     assert plans == [(("kv", 2, 1), ("swa", 1, 1))]                   # the blocks' device copies
     plans.clear()
