@@ -15,42 +15,28 @@ would not have given).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import time
 from collections.abc import Callable, Mapping
 
 import jax
 import numpy as np
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
 
 from hicache_jax import cache_snapshot, validate
+from hicache_jax.cache_seams import CacheSeams
 from hicache_jax.config import HiCacheConfig
-from hicache_jax.data_plane import DataPlane, time_phases
+from hicache_jax.data_plane import DataPlane
 from hicache_jax.layout import PoolLayout
-from hicache_jax.metrics import CacheStats, StatsCollector, snapshot
+from hicache_jax.metrics import StatsCollector
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
-from hicache_jax.plan import Direction
 from hicache_jax.prefix_reads import PrefixReads
 from hicache_jax.storage import StorageBackend
 from hicache_jax.storage_link import StorageLink, open_store
 from hicache_jax.transfer import TransferEngine
-from hicache_jax.tree import (
-    EvictResult,
-    InsertResult,
-    LoadCost,
-    LockId,
-    MatchResult,
-    NodeId,
-    Tier,
-    TreeCore,
-    as_tokens,
-)
-
-_EMPTY = np.zeros((0,), np.int32)
-log = logging.getLogger("hicache_jax")
+from hicache_jax.tree import EvictResult, InsertResult, LoadCost, LockId, MatchResult, NodeId, Tier, TreeCore, as_tokens
 
 
-class HiCache:
+class HiCache(CacheSeams):
     """A hierarchical KV cache for one model layout (see module docstring)."""
 
     def __init__(self, layout: PoolLayout, config: HiCacheConfig, mesh: jax.sharding.Mesh | None = None, *,
@@ -115,13 +101,6 @@ class HiCache:
         self._engine.warmup(max_pages)
         self._data.warm_landings()
 
-    def wait_compiles(self) -> None:
-        """Block until the programs compiling in the background are ready: a load that
-        gathers pieces of several host blocks runs as one program from the second load of
-        its shape on (the first moves by per-chunk programs meanwhile). For warm-up and
-        benchmarks; a serving loop need not call it."""
-        self._engine.wait_compiles()
-
     def landing_examples(self):
         """One `Landing` of every shape a deferred load can hand to a step, landing nothing:
         run the serving loop's step on each at warm-up (as on a request's first prefill
@@ -184,19 +163,9 @@ class HiCache:
         `Prefix` whose load is in it carries that `Landing`, which one step lands for all.
         `token_seqs`: a list or tuple of token sequences (each as `acquire` takes them, not
         empty); anything else raises ValueError before anything changes."""
-        if not isinstance(token_seqs, (list, tuple)):
-            raise ValueError(f"acquire_many takes a list or tuple of token sequences, got {type(token_seqs).__name__}")
+        seqs = validate.token_seqs(token_seqs, as_tokens)
         validate.flag("acquire_many's load_back", load_back)
         deferred = validate.flag("deferred", deferred)
-        seqs = []
-        for i, tokens in enumerate(token_seqs):
-            try:
-                arr = as_tokens(tokens)
-            except ValueError as e:
-                raise ValueError(f"acquire_many: token sequence {i}: {e}") from None
-            if arr.size == 0:
-                raise ValueError(f"acquire_many: token sequence {i} is empty")
-            seqs.append(arr)
         return self._checked(self._reads.acquire_many(seqs, bool(load_back), deferred))
 
     def wait(self, load: LoadBack) -> bool:
@@ -314,40 +283,6 @@ class HiCache:
         """Stop the storage tier's I/O threads (the cache is not used afterwards)."""
         if self._storage is not None:
             self._storage.close()
-
-    # -- introspection ------------------------------------------------------------------------
-    @property
-    def landing_sizes(self) -> tuple[int, ...]:
-        """The block sizes (pages) a deferred load may leave to a step (`TransferConfig.landing_buckets`)."""
-        return self._engine.landing_sizes
-
-    def on_program_call(self, hook) -> None:
-        """Instrumentation: every transfer program this cache runs is called as
-        `hook(label, program, *args)` from now on (see `TransferEngine.on_program_call`)."""
-        self._engine.on_program_call(hook)
-
-    def time_phases(self) -> dict[str, float]:
-        """Instrumentation (benchmarks): from now on, the seconds this cache's calls spend in
-        each phase of a host hit add up in the returned dict: `match` (the tree's match),
-        `plan` (the tree's load planning), `dispatch` (the engine's start), `wait` (waiting
-        for a transfer to end and applying its end)."""
-        return time_phases(self._core, self._data)
-
-    def stats(self) -> CacheStats:
-        """A frozen snapshot of every number this cache counts (the same as `metrics_text`)."""
-        in_flight = self._core.in_flight()
-        return snapshot(self.layout, self._core, self._data.counters,
-                        {d.value: sum(t.direction is d for t in in_flight) for d in Direction},
-                        self._storage.stats() if self._storage is not None else None, self._engine.host.block_counts())
-
-    def metrics_text(self) -> str:
-        """The Prometheus text exposition of this cache's metrics."""
-        return generate_latest(self._registry).decode()
-
-    def check_invariants(self) -> None:
-        """Recompute every conservation law of the control plane; validate the device pools."""
-        self._core.check_invariants()
-        self._data.check()
 
     def _checked(self, value):
         if self.config.check_invariants:

@@ -84,6 +84,22 @@ def windows(swa: str | None, swa_pages) -> dict[str, dict[int, int]] | None:
     return {swa: swa_pages} if swa is not None else None
 
 
+def token_seqs(seqs, as_tokens) -> list[np.ndarray]:
+    """A list or tuple of token sequences, each through `as_tokens` and not empty."""
+    if not isinstance(seqs, (list, tuple)):
+        raise ValueError(f"acquire_many takes a list or tuple of token sequences, got {type(seqs).__name__}")
+    out = []
+    for i, tokens in enumerate(seqs):
+        try:
+            arr = as_tokens(tokens)
+        except ValueError as e:
+            raise ValueError(f"acquire_many: token sequence {i}: {e}") from None
+        if arr.size == 0:
+            raise ValueError(f"acquire_many: token sequence {i} is empty")
+        out.append(arr)
+    return out
+
+
 def _describe(values, arr: np.ndarray) -> str:
     if arr.dtype == object or arr.dtype.kind in "US":
         return repr(values)[:80]
