@@ -93,13 +93,19 @@ class TransferPlan:
         return sum(self.pool_bytes(layout).values())
 
 
-def coalesce(host_pages: np.ndarray) -> tuple[HostRun, ...]:
-    """Runs of consecutive host pages in an ascending array."""
+def coalesce(host_pages: np.ndarray, run_starts: np.ndarray | None = None) -> tuple[HostRun, ...]:
+    """Runs of consecutive host pages in an ascending array; a page of `run_starts` (if
+    given) always starts a run of its own (a backup's node boundaries: each node's pages
+    become host blocks of their own, so a later hit on one node moves whole blocks)."""
     if host_pages.size == 0:
         return ()
-    if int(host_pages[-1]) - int(host_pages[0]) == host_pages.size - 1:   # ascending and unique: one run
+    cut = run_starts is not None and run_starts.size > 0
+    if not cut and int(host_pages[-1]) - int(host_pages[0]) == host_pages.size - 1:   # one run
         return (HostRun(0, int(host_pages[0]), int(host_pages.size)),)
-    breaks = np.flatnonzero(np.diff(host_pages) != 1) + 1
+    gaps = np.diff(host_pages) != 1
+    if cut:
+        gaps |= np.isin(host_pages[1:], run_starts)
+    breaks = np.flatnonzero(gaps) + 1
     starts = np.concatenate(([0], breaks))
     ends = np.concatenate((breaks, [host_pages.size]))
     return tuple(HostRun(int(s), int(host_pages[s]), int(e - s)) for s, e in zip(starts, ends))
@@ -113,6 +119,7 @@ def make_plan(
     device_capacity: Mapping[str, int] | None = None,
     host_capacity: Mapping[str, int] | None = None,
     validate: bool = True,
+    run_starts: Mapping[str, np.ndarray] | None = None,
 ) -> TransferPlan:
     """Build a validated plan from `{allocator: (device pages, host pages)}`.
 
@@ -121,6 +128,7 @@ def make_plan(
     pool (a lone anchor) still appear: their pages are bookkeeping only. `validate=False`
     (the tree, whose ledger hands out each page once) takes i32 arrays as they are and
     leaves the page checks to the engine, which makes them before anything moves.
+    `run_starts`: `{allocator: host pages}` where a host run must start (`coalesce`).
     """
     direction = direction if isinstance(direction, Direction) else Direction(direction)
     batches = []
@@ -140,7 +148,7 @@ def make_plan(
             _check_unique_in_range(np.sort(dev), f"{allocator} device pages", (device_capacity or {}).get(allocator))
             _check_unique_in_range(host, f"{allocator} host pages", (host_capacity or {}).get(allocator))
         pools = layout.moving_names[spec.name]
-        batches.append(PageBatch(allocator, pools, dev, host, coalesce(host)))
+        batches.append(PageBatch(allocator, pools, dev, host, coalesce(host, (run_starts or {}).get(allocator))))
     return TransferPlan(direction, tuple(batches))
 
 
@@ -159,7 +167,9 @@ def split_plan(plan: TransferPlan, layout: PoolLayout, max_bytes: int) -> list[T
         step = max(1, max_bytes // per_page) if per_page else b.num_pages
         for lo in range(0, b.num_pages, step):
             dev, host = b.device_pages[lo:lo + step], b.host_pages[lo:lo + step]
-            pieces.append(TransferPlan(plan.direction, (PageBatch(b.allocator, b.pools, dev, host, coalesce(host)),)))
+            starts = np.array([r.host_start for r in b.host_runs], np.int64)    # the batch's run cuts stay
+            pieces.append(TransferPlan(plan.direction, (PageBatch(b.allocator, b.pools, dev, host,
+                                                                  coalesce(host, starts)),)))
     return pieces
 
 

@@ -86,11 +86,11 @@ class TransferBook:
             record.locks.append(lock)
         self._queue[node] = copy
 
-    def take_queue(self) -> tuple[AckId, list[Copy]] | None:
-        """Close the queued copies into one batch (None when nothing is queued)."""
+    def take_queue(self) -> tuple[AckId, list[tuple[Node, Copy]]] | None:
+        """Close the queued copies into one batch, `(node, copy)` each (None when nothing is queued)."""
         if not self._queue:
             return None
-        ack, copies = self._open, list(self._queue.values())
+        ack, copies = self._open, list(self._queue.items())
         self._queue.clear()
         self._open = AckId(self._open + 1)
         return ack, copies

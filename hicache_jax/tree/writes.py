@@ -77,8 +77,9 @@ class WritePath:
             for lock in self._book.discard_empty_open():   # every copy was dropped before dispatch
                 self._locks.unlock(lock)
             return None
-        ack, copies = taken
-        pages = {}
+        ack, queued = taken
+        copies = [cp for _, cp in queued]
+        pages, starts = {}, {}
         for c in self._components:
             dev = np.concatenate([cp.device[c.index] for cp in copies])
             host = np.concatenate([cp.host[c.index] for cp in copies])
@@ -86,11 +87,11 @@ class WritePath:
                 keep = dev != ABSENT
                 dev, host = dev[keep], host[keep]
             if dev.size or not c.is_window:
-                pages[c.name] = (dev, host)
+                pages[c.name], starts[c.name] = (dev, host), _block_starts(queued, c)
         self.needs_flush = False
         full = pages[self._components.anchor.name][0].size
-        return BackupBatch(ack, make_plan(self._layout, Direction.BACKUP, pages, validate=False),
-                           full * self._layout.page_size)
+        plan = make_plan(self._layout, Direction.BACKUP, pages, validate=False, run_starts=starts)
+        return BackupBatch(ack, plan, full * self._layout.page_size)
 
     # -- completion --------------------------------------------------------------------------
     def ack_backup(self, ack: AckId) -> list[Node]:
@@ -168,3 +169,20 @@ class WritePath:
                     and parent.state not in HOLDS_HOST):
                 raise TreeStateError(f"invariant violated: write-through closure: {n} is backed up, "
                                      f"its parent {parent} is not")
+
+
+def _block_starts(queued, component) -> np.ndarray:
+    """The host pages where a backup batch's host blocks must start (`make_plan`'s
+    `run_starts`): the first page of each node whose pages follow, on the host, those of a
+    node that is neither its parent nor its child. Prompts evicted together so keep blocks of
+    their own (a later hit on one moves whole blocks), while a conversation's turns demoted
+    together stay one block (the next turn's hit moves it whole)."""
+    spans = []
+    for node, cp in queued:
+        host = cp.host[component.index]
+        mine = host[cp.device[component.index] != ABSENT] if component.is_window else host
+        if mine.size:
+            spans.append((int(mine.min()), int(mine.max()), node))
+    spans.sort(key=lambda s: s[0])
+    return np.array([lo for (_, hi_prev, prev), (lo, _, node) in zip(spans, spans[1:])
+                     if lo == hi_prev + 1 and node.parent is not prev and prev.parent is not node], np.int64)

@@ -98,9 +98,8 @@ def test_a_deferred_acquire_that_leaves_nothing_to_land_waits_for_its_load():
                            load_back_threshold=1)
     cache, faulty = faulty_cache(layout("tiny_gqa"), cfg)
     d = Driver(cache)
-    for blocks in ([0, 0], [0], [0]):
-        d.request(blocks, swa_every=True)
-    cache.evict(4, 0)                           # both pages written back as one 2-row block
+    d.request([0, 0], swa_every=True)
+    cache.evict(4, 0)                           # one node of two pages, written back as one 2-row block
     faulty.fail_done.add("load")
     prefix = cache.acquire(np.concatenate([seq([0]), [7]]), deferred=True)
     assert prefix.landing is None and prefix.length == 0 and prefix.refused is not None
@@ -122,8 +121,8 @@ def test_alloc_waits_for_loads_in_flight_on_a_slow_link():
     for blocks in ([0], [0, 0], [0], [1], [2, 1, 0], [0, 0]):
         d.request(blocks, swa_every=True)
     cache.drain()                               # the demotions' host copies land
-    m = cache.match_prefix(np.concatenate([seq([2, 1, 0]), [7]]))
-    lb = cache.load_back(m, deferred=True)      # every row moves at once: no landing, a load in flight
+    m = cache.match_prefix(np.concatenate([seq([2]), [7]]))
+    lb = cache.load_back(m, deferred=True)      # row 0 of [2, 1, 0]'s 2-row block: no landing, a load in flight
     assert lb.started and lb.landing is None
     cache.unlock(lb.lock)                       # its request ends before the load is seen done
     assert cache.stats().in_flight["load"] == 1

@@ -17,11 +17,25 @@ def test_write_through_backs_up_on_first_insert_and_merges_one_batch():
     assert c.node(r1.node).lock_ref == 1                      # device lock from commit to ack
     batch = c.take_backup_batch()
     assert batch.tokens == 3 * P and batch.plan.num_pages("kv") == 3 and batch.plan.num_pages("swa") == 2
-    assert len(batch.plan.batch("kv").host_runs) == 1        # contiguous host pages: one run
+    # contiguous host pages, one run per node: each node's pages become host blocks of their own
+    assert [r.length for r in batch.plan.batch("kv").host_runs] == [2, 1]
     assert c.take_backup_batch() is None
     c.ack_backup(batch.ack_id)
     c.check_invariants()
     assert state(c, r1) is Residency.SYNCED and c.node(r1.node).lock_ref == 0
+
+
+def test_a_turn_and_its_extension_backed_up_together_stay_one_host_run():
+    """Nodes backed up in one batch keep host runs of their own, unless one is the other's
+    parent: a conversation's turns (a node and the node that extends it) stay one run."""
+    c = core("tiny_gqa")
+    put(c, seq(1, 2))                                         # a turn ...
+    put(c, seq(1, 2, 3))                                      # ... and the next, in the same batch
+    put(c, seq(4))                                            # another prompt
+    batch = c.take_backup_batch()
+    assert [r.length for r in batch.plan.batch("kv").host_runs] == [3, 1]
+    c.ack_backup(batch.ack_id)
+    c.check_invariants()
 
 
 def test_selective_backs_up_on_second_hit_write_back_never():
