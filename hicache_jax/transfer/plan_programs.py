@@ -98,6 +98,10 @@ class PlanPrograms:
         return program
 
     def _build_fused(self, entries: tuple[FusedEntry, ...]):
+        """(fn, example args, donate_argnums, out shardings) of one fused load: each entry's
+        `load_block` or `load_pieces` in turn, over a pools tuple and a source per allocator,
+        every piece's start row (one array; a pieces entry takes its slice), and the page
+        indices (`plan_index`)."""
         built = [self._programs[a].build(*program_key(n, e)) for a, n, e in entries]
         sizes = [n for _, n, _ in entries]
         counts = [len(e[1]) if e[0] is Program.LOAD_PIECES else 0 for _, _, e in entries]
