@@ -66,15 +66,16 @@ class EarlyCopies:
 
     def take(self, plan: TransferPlan) -> Copies:
         """The early copies a load plan may use: those `copy_early` started, and new ones for
-        its large host runs (every allocator). A plan that would not pass the checks starts
-        nothing new (`check_plan` names it)."""
+        each allocator whose pages are one large host run (a merged plan of several runs, a
+        step's hits, starts none: each copy would be one more dispatch). A plan that would
+        not pass the checks starts nothing new (`check_plan` names it)."""
         if getattr(plan, "direction", None) is not Direction.LOAD:
             return {}
         copies, self._pending = self._pending, {}
         try:
             for batch in plan.batches:
                 progs = self._programs.get(batch.allocator)
-                if progs is not None and self.early(progs, batch.num_pages):
+                if progs is not None and len(batch.host_runs) == 1 and self.early(progs, batch.num_pages):
                     self._copy_runs(progs, [(r.host_start, r.length) for r in batch.host_runs], copies)
         except (IndexError, TypeError, ValueError, AttributeError):
             pass

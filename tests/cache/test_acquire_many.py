@@ -81,27 +81,32 @@ def test_bytes_served_and_one_start_for_many_host_hits(name):
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_program_calls_of_one_merged_start(name):
-    """The same hits acquired one by one on an identical cache take one start each, and a
-    program that unpacks into the pools per request; merged, one start unpacks each
-    allocator's pages once (its blocks' copies are programs of their own: a merged plan is
-    not one whole block per allocator, so it does not move as one plan program)."""
+    """The same hits acquired one by one on an identical cache take one start (and at least
+    one program) each; merged, they take one start, and once the merged shape's program is
+    compiled (on the background thread, after its first load), exactly one program."""
+    blocks = ([2, 3], [4], [5, 6])
     calls = {}
-    for how in ("one_by_one", "many"):
+    for how in ("one_by_one", "many", "many_again"):
         cache, d = make(name)
-        offload(d, [[2, 3], [4], [5, 6]])
+        offload(d, list(blocks))
+        toks = [prompt(b) for b in blocks]
+        if how == "many_again":                    # the same shape once before: its program compiles
+            unlock_all(cache, cache.acquire_many(toks))
+            cache.evict(10 ** 6, 10 ** 6 if cache.swa_allocator else 0)
+            cache.drain()
+            cache.wait_compiles()
         starts, labels = count_starts(cache), []
         cache.on_program_call(lambda label, program, *args: labels.append(label) or program(*args))
-        toks = [prompt(b) for b in ([2, 3], [4], [5, 6])]
-        prefixes = cache.acquire_many(toks) if how == "many" else [cache.acquire(t) for t in toks]
+        prefixes = cache.acquire_many(toks) if how != "one_by_one" else [cache.acquire(t) for t in toks]
         assert all(p.host_tokens for p in prefixes)
-        for blocks, p in zip(([2, 3], [4], [5, 6]), prefixes):
-            d.verify(blocks, p.device_pages, p.swa_pages)
-        writes = [x for x in labels if "unpack" in x or "load_block" in x]
-        calls[how] = (len(starts), len(writes))
+        for b, p in zip(blocks, prefixes):
+            d.verify(b, p.device_pages, p.swa_pages)
+        calls[how] = (len(starts), labels)
         unlock_all(cache, prefixes)
-    allocators = 2 if LAYOUTS[name].swa_pool is not None else 1
-    assert calls["many"] == (1, allocators)
-    assert calls["one_by_one"][0] == 3 and calls["one_by_one"][1] >= 3
+    assert calls["one_by_one"][0] == 3 and len(calls["one_by_one"][1]) >= 3
+    assert calls["many"][0] == 1
+    assert calls["many_again"][0] == 1 and len(calls["many_again"][1]) == 1, calls["many_again"]
+    assert calls["many_again"][1][0].startswith("plan:load_pieces")
 
 
 def _scenario(name, batch, device=16, **kw):
