@@ -28,6 +28,7 @@ import numpy as np
 from hicache_jax.plan import Direction, TransferPlan, coalesce
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
+from hicache_jax.transfer.blocks import binary
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
@@ -121,12 +122,3 @@ def chunk_pieces(n: int, chunk_pages: int) -> list[tuple[int, int]]:
     `chunk_pages`, each in power-of-two pieces, largest first (`chunks.split`)."""
     return [(lo + offset, k) for lo in range(0, n, chunk_pages) for offset, k in binary(min(chunk_pages, n - lo))]
 
-
-def binary(n: int) -> list[tuple[int, int]]:
-    """`(offset, log2 length)` of the power-of-two pieces of a stretch of `n`, largest first."""
-    out, offset = [], 0
-    for k in range(n.bit_length() - 1, -1, -1):
-        if n >> k & 1:
-            out.append((offset, k))
-            offset += 1 << k
-    return out
