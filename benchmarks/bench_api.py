@@ -81,10 +81,15 @@ def insert_prefix(cache, pages: int, seed: int, token_seed: int | None = None):
 
 
 def contiguous_copy(layout, pages: int):
+    """The raw-link reference for a prefix of `pages` pages: `link_copy` of its bytes."""
+    return link_copy(prefix_bytes(layout, pages))
+
+
+def link_copy(nbytes: int):
     """The raw-link reference: a function timing one contiguous pinned-host -> device
-    `device_put` of as many bytes as a prefix of `pages` pages moves (seconds)."""
+    `device_put` of `nbytes` bytes (seconds)."""
     dev = jax.devices()[0]
-    block = jax.device_put(np.zeros(prefix_bytes(layout, pages), np.uint8),
+    block = jax.device_put(np.zeros(nbytes, np.uint8),
                            jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
     on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
 

@@ -52,11 +52,10 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from bench_api import prefix_bytes  # noqa: E402
+from bench_api import link_copy, prefix_bytes  # noqa: E402
 from hit_requests import (  # noqa: E402
     Probe,
     compute,
-    contiguous_copy,
     counted,
     forget,
     restored,
@@ -131,7 +130,7 @@ class Hits:
 
     def reference(self, nbytes: int):
         """The round's contiguous side, a `device_put` of `nbytes`: what every hit must load."""
-        self.nbytes, timed = nbytes, contiguous_copy(nbytes)
+        self.nbytes, timed = nbytes, link_copy(nbytes)
         return lambda: {"contiguous": timed()}
 
     def side(self, name: str) -> dict:

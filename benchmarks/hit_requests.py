@@ -5,7 +5,7 @@ hit is then checked byte for byte against what was written into each logical pag
 
 Also what every timed call is measured with (`Probe`): the transfer programs it called
 (`HiCache.on_program_call`), the compilations it ran (`CompileCounter`) and the bytes it
-loaded (the cache's counters); and the raw-link reference (`contiguous_copy`).
+loaded (the cache's counters); and the raw-link reference (`bench_api.link_copy`).
 """
 from __future__ import annotations
 
@@ -199,18 +199,3 @@ class Probe:
             rec["loaded_bytes"].append(counted(self.cache, "load_bytes") - loaded)
             rec["programs"] = sorted(Counter(label.split("[")[0] for label in self.labels).items())
         return took, out
-
-
-def contiguous_copy(nbytes: int):
-    """The raw-link reference: a function timing one contiguous pinned-host -> device
-    `device_put` of `nbytes` bytes (seconds)."""
-    dev = jax.devices()[0]
-    block = jax.device_put(np.zeros(nbytes, np.uint8),
-                           jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
-    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
-
-    def timed() -> float:
-        t = clock()
-        jax.block_until_ready(jax.device_put(block, on_device))
-        return clock() - t
-    return timed
