@@ -62,6 +62,9 @@ class HiCache(CacheSeams):
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
         self._storage = None
         if storage is not None or config.storage.enabled:
+            if not any(host.values()):
+                raise ValueError(f"a storage tier ({storage or config.storage.url!r}) needs a host tier: "
+                                 f"host pages are {host}")
             backend = storage if storage is not None else open_store(config.storage)
             tp = mesh.shape.get("tp", 1) if mesh is not None else 1
             self._storage = StorageLink(layout, config, self._core, self._engine, backend, tp)

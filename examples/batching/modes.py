@@ -5,12 +5,10 @@ scheduler; they differ only in what the cache is asked:
 
     hicache       HiCacheConfig(device_pages, host_pages, write_policy): prefixes are found
                   on device or loaded back from the host tier (`acquire_many(load_back=True)`)
-    device_only   the same device pages and tree, and no host tier in use: write-through
-                  with a threshold no node reaches, so nothing is ever backed up (an evicted
-                  page is dropped, counted as `write_through_unbacked_eviction`), and
-                  `acquire_many(load_back=False)`. HiCacheConfig refuses a host tier of 0 pages, so
-                  it keeps 1 page per allocator, never written. This is the device prefix
-                  cache a server has without offloading (a radix cache on device)
+    device_only   the same device pages and tree, and no host tier: `host_pages=0`, so
+                  nothing is backed up (an evicted page is dropped) and nothing is loaded.
+                  This is the device prefix cache a server has without offloading (a radix
+                  cache on device)
     no_cache      the cache only hands out pages (`alloc` / `free`); nothing is matched or
                   inserted, every request computes its whole prompt, and a preempted one
                   computes everything again
@@ -27,9 +25,6 @@ import numpy as np
 import hicache_jax as hc
 from examples.batching.sequence import Placement, Sequence
 
-NEVER = 2**31 - 1        # a write-through threshold no node reaches: nothing is backed up
-
-
 class CacheKind(enum.Enum):
     HICACHE = "hicache"
     DEVICE_ONLY = "device_only"
@@ -43,8 +38,7 @@ def make_cache(kind: CacheKind, layout, device_pages: int, host_pages: int,
         case CacheKind.HICACHE:
             config = hc.HiCacheConfig(device_pages=device_pages, host_pages=host_pages, write_policy=write_policy)
         case CacheKind.DEVICE_ONLY | CacheKind.NO_CACHE:
-            config = hc.HiCacheConfig(device_pages=device_pages, host_pages=1, write_policy="write_through",
-                                      write_through_threshold=NEVER)
+            config = hc.HiCacheConfig(device_pages=device_pages, host_pages=0)
     return hc.HiCache(layout, config)
 
 

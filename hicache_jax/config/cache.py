@@ -180,7 +180,8 @@ class HiCacheConfig:
     `host_pages` (anchor pages, or {allocator: pages}), `host_ratio` (host pages = ratio x
     device pages, every allocator), or `host_budget_bytes` ({allocator: bytes}: a per-pool
     budget, turned into pages by the bytes of one page of every pool that allocator
-    addresses). Default: `host_ratio=2.0`.
+    addresses). Default: `host_ratio=2.0`. `host_pages=0`: no host tier (a device prefix
+    cache: nothing is backed up, an evicted page is dropped; no storage tier either).
 
     Load-back: a host hit is brought back only if it moves at least
     `max(1, load_back_threshold)` tokens (or an SWA window), and, when
@@ -257,6 +258,11 @@ class HiCacheConfig:
         if unknown or missing:
             raise ValueError(f"host page budgets name {unknown or missing}: they must cover exactly the "
                              f"allocators {allocators}")
+        if not any(host.values()):
+            if self.storage.url is not None:
+                raise ValueError(f"a storage tier ({self.storage.url!r}) needs a host tier: host pages are {host}")
+        elif not all(host.values()):
+            raise ValueError(f"host pages {host}: give every allocator pages, or none (host_pages=0: no host tier)")
         return device, host
 
 

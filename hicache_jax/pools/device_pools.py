@@ -73,8 +73,9 @@ class DevicePools:
             _check_array(spec, pools[spec.name], shape, sharding)
 
 
-def checked_page_counts(layout: PoolLayout, pages: Mapping[str, int], what: str) -> dict[str, int]:
-    """`{allocator: pages}` for every allocator that carries bytes; ValueError otherwise.
+def checked_page_counts(layout: PoolLayout, pages: Mapping[str, int], what: str, minimum: int = 1) -> dict[str, int]:
+    """`{allocator: pages}` (each at least `minimum`) for every allocator that carries bytes;
+    ValueError otherwise.
 
     Allocators that carry no byte-holding pool may be given (they move nothing) or left out.
     """
@@ -91,8 +92,8 @@ def checked_page_counts(layout: PoolLayout, pages: Mapping[str, int], what: str)
         if name not in pages:
             raise ValueError(f"{what} has no entry for allocator {name!r}")
         value = pages[name]
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{what}[{name!r}] must be a positive integer, got {value!r}")
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < minimum:
+            raise ValueError(f"{what}[{name!r}] must be an integer >= {minimum}, got {value!r}")
         out[name] = int(value)
     return out
 

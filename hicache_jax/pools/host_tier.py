@@ -133,7 +133,7 @@ class HostTier:
     def __init__(self, layout: PoolLayout, host_pages: Mapping[str, int], devices: Devices, memory_limit_bytes: int,
                  layer_groups: int = 1):
         self.devices = devices
-        self.pages = checked_page_counts(layout, host_pages, "host_pages")
+        self.pages = checked_page_counts(layout, host_pages, "host_pages", minimum=0)
         self.formats = {a: RowFormat.create(layout, a, devices.tp, layer_groups) for a in self.pages}
         sizes = {a: self.pages[a] * f.stored_row_bytes for a, f in self.formats.items()}
         total = sum(sizes.values())

@@ -141,6 +141,9 @@ def build(args, ap: argparse.ArgumentParser, layout, requests) -> Plan:
         ap.error(f"tier sizes (--device-tokens {args.device}, --host-tokens {args.host}): {e}")
     config = SimConfig(cache, args.instances, args.route, args.load_bound, pages.get("storage"), policy, rates,
                        cut, args.serial, args.seed)
+    if "storage" in pages and not any(pages["host"].values()):
+        ap.error(f"--storage-tokens {args.storage} needs a host tier (storage pages reach the device "
+                 f"through the host): --host-tokens {args.host} gives none")
     try:
         check_fits(layout, config, requests)
     except ValueError as e:

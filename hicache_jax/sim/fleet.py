@@ -36,13 +36,17 @@ PROGRESS_EVERY = 500     # requests between progress reports
 
 def check_fits(layout: PoolLayout, config: SimConfig, requests: Sequence[TraceRequest]) -> None:
     """ValueError unless the device tier can hold the longest request, every allocator
-    (a request computes its pages on device, whatever it finds cached)."""
+    (a request computes its pages on device, whatever it finds cached), and a storage tier
+    has a host tier to land in."""
     if not requests:
         return
     longest = max(r.input_length if config.max_input_tokens is None else min(r.input_length, config.max_input_tokens)
                   for r in requests)
     pages = -(-longest // layout.page_size)
-    device, _ = config.cache.page_counts(layout)
+    device, host = config.cache.page_counts(layout)
+    if config.has_storage and not any(host.values()):
+        raise ValueError("a storage tier needs a host tier (its pages reach the device through the host): "
+                         f"host pages are {host}")
     short = {a: n for a, n in device.items() if n < pages}
     if short:
         raise ValueError(f"the device tier is smaller than the longest request ({longest} tokens, {pages} pages): "

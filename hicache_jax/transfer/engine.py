@@ -89,7 +89,7 @@ class TransferEngine(EngineSeams):
         self.layer_groups = groups.check_groups(layout, config.layer_groups)
         self.devices = Devices.create(mesh)
         self._device = DevicePools(layout, device_pages, self.devices)
-        host_counts = checked_page_counts(layout, host_pages, "host_pages")
+        host_counts = checked_page_counts(layout, host_pages, "host_pages", minimum=0)
         self.kernels = resolve_kernels(config.kernels, self.devices.device, layout)
         chunk_pages = {}
         for a in self._device.pages:  # before the host tier is allocated: fail fast

@@ -58,7 +58,7 @@ class TreeCore:
                  load_back_threshold: int = 10, load_cost: LoadCost = LoadCost(), prefetch_share: float = 0.5):
         self.layout = layout
         self.components = comps = Components.from_layout(layout)
-        self.policy = WritePolicy.create(write_policy, write_threshold)
+        self.policy = WritePolicy.create(write_policy, write_threshold, host=any(host_pages.values()))
         self.stats = stats = TreeStats()
         self.tree = tree = RadixTree(layout.page_size, len(comps))
         self.ledger = ledger = PageLedger(layout, comps, {Tier.DEVICE: device_pages, Tier.HOST: host_pages})

@@ -33,6 +33,7 @@ class DropReason(enum.StrEnum):
     WRITE_THROUGH_UNBACKED_EVICTION = "write_through_unbacked_eviction"
     HOST_PRESSURE = "host_pressure"      # a write-back backup found no host space
     BACKUP_FAILED = "backup_failed"      # the device->host transfer raised after demotion
+    NO_HOST_TIER = "no_host_tier"        # the cache has no host tier (host_pages=0)
 
 
 class Refusal(enum.StrEnum):

@@ -44,7 +44,7 @@ def test_every_known_label_set_is_exported_at_zero_from_the_start():
     for reason in hc.Refusal:
         assert value(text, "hicache_load_back_refused_total", reason=reason.value) == 0
     for pool in ("swa", "deepseek_v4_c4", "deepseek_v4_c4_state"):
-        for reason in ("write_through_unbacked_eviction", "host_pressure", "backup_failed"):
+        for reason in ("write_through_unbacked_eviction", "host_pressure", "backup_failed", "no_host_tier"):
             assert value(text, "hicache_dropped_tokens_total", pool=pool, reason=reason) == 0
         assert value(text, "hicache_load_back_bytes_total", pool=pool) == 0
     for direction in ("backup", "load"):

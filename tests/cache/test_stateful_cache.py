@@ -1,8 +1,9 @@
 """Random serving through the public API over a real engine that may be slow or fail.
 
-Each example picks a layout, a write policy and a link (fast, or slow: transfers are seen
-done only when waited on), then runs random requests (alone, or a step's batch through
-`acquire_many`), steps, drains, evictions and injected transfer failures. The driver writes bytes unique to (pool, token prefix) into
+Each example picks a layout, a write policy, a host tier (or none: `host_pages=0`) and a
+link (fast, or slow: transfers are seen done only when waited on), then runs random
+requests (alone, or a step's batch through `acquire_many`), steps, drains, evictions and
+injected transfer failures. The driver writes bytes unique to (pool, token prefix) into
 every page it computes and checks every page the cache serves, from device or host, so a
 wrongly or half-restored prefix fails the test; `check_invariants()` runs after every call.
 A load-back through the pieces (`match_prefix` / `lock` / `load_back` / `step` / `wait`)
@@ -12,7 +13,7 @@ allocator must come back.
 """
 import numpy as np
 import pytest
-from hypothesis import event, settings, strategies as st
+from hypothesis import assume, event, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import hicache_jax as hc
@@ -27,10 +28,11 @@ PROMPT = st.lists(st.integers(0, 2), min_size=1, max_size=3)   # blocks of one p
 class CacheMachine(RuleBasedStateMachine):
     @initialize(name=st.sampled_from(sorted(LAYOUTS)),
                 policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
-                slow=st.booleans(), device=st.integers(4, 6), host=st.integers(6, 24),
+                slow=st.booleans(), device=st.integers(4, 6), host=st.integers(6, 24) | st.just(0),
                 first=st.lists(PROMPT, min_size=2, max_size=5), paced=st.booleans(), early=st.booleans(),
                 groups=st.integers(1, 3), deferred_blocks=st.integers(1, 3))
     def setup(self, name, policy, slow, device, host, first, paced, early, groups, deferred_blocks):
+        assume(host or self.make_store() is None)            # host 0: no host tier, so no storage tier
         pace = LAYOUTS[name].page_bytes_of(LAYOUTS[name].anchor.name) if paced else None  # a page a step
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
                                load_back_threshold=1, storage=self.storage_config(),

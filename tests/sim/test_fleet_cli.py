@@ -93,6 +93,7 @@ def test_a_sweep_of_any_flag(capsys):
     (["--sweep", "host-tokens=1M,oops"], "'oops'"),
     (["--plot", "x.png"], "--plot draws a sweep"),
     (["--config", "configs/nope.json"], "--config configs/nope.json"),
+    (["--host-tokens", "0", "--storage-tokens", "1M"], "--storage-tokens 1M needs a host tier"),
 ])
 def test_bad_input_ends_in_one_line_naming_it(capsys, extra, says):
     with pytest.raises(SystemExit) as e:

@@ -130,8 +130,10 @@ def test_constructor_rejects_impossible_configurations():
                        config=TransferConfig(max_staging_bytes=1000))
     with pytest.raises(ValueError, match="no entry for allocator 'swa'"):
         TransferEngine(layout, {"kv": 8}, {"kv": 16, "swa": 8})
-    with pytest.raises(ValueError, match="positive integer"):
+    with pytest.raises(ValueError, match=r"device_pages\['kv'\] must be an integer >= 1, got 0"):
         TransferEngine(layout, {"kv": 0, "swa": 4}, {"kv": 16, "swa": 8})
+    with pytest.raises(ValueError, match=r"host_pages\['swa'\] must be an integer >= 0, got -1"):
+        TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": -1})
     with pytest.raises(ValueError, match="not allocators"):
         TransferEngine(layout, {"kv": 8, "swa": 4, "deepseek_v4_c4": 3}, {"kv": 16, "swa": 8})
     with pytest.raises(ValueError, match="kernels"):
