@@ -14,10 +14,11 @@ Continuous batching over at most `max_batch` slots. Each step, before the model 
    the queue is admitted: its cached prefix is acquired (the candidates of one step in one
    call, `acquire_many`) and its first chunk's pages allocated. A candidate whose pages do
    not fit gives its prefix back and waits, with every request behind it, until a
-   sequence finishes (FIFO: no request overtakes an earlier one). The cache does not say
-   how many pages `alloc` could grant (free plus evictable), so admission learns it by
-   asking: a refused candidate's `acquire` was done for nothing (and may have loaded its
-   prefix back, which then waits on device as a device hit).
+   sequence finishes (FIFO: no request overtakes an earlier one). `device_room()` says
+   what `alloc` could grant at once, but not the pages in-flight backups will release
+   (`alloc` waits for those), so admission learns it by asking: a refused candidate's
+   `acquire` was done for nothing (and may have loaded its prefix back, which then waits
+   on device as a device hit).
 
 After the step, `advance` records each sequence's chunk and token; a sequence that has all
 its tokens leaves (`insert`). No policy looks at the trace's future.
