@@ -1,0 +1,103 @@
+"""Every transfer program the engine runs also lowers for an NVIDIA GPU with the Mosaic GPU
+kernels, checked on any machine.
+
+jax lowers a program for a platform it does not have (`lower(lowering_platforms=("cuda",))`),
+and Pallas lowers each kernel to Mosaic GPU then, so a kernel that cannot take a shape the
+engine asks for (a block of rows, a piece of a block, the layers of one group) fails here,
+before a GPU sees it. XLA's GPU compiler does not run: what it alone rejects still needs
+`pytest -m gpu`.
+
+The shapes are the ones an engine with the reference kernels compiles while it warms up and
+moves random plans (whole blocks, pieces through staging, fused loads of pieces, early
+copies); each is built again by an engine with the Mosaic GPU kernels and lowered. A step
+landing a deferred load (every landing size) is lowered the same way.
+"""
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from hicache_jax.layout import groups as layer_groups
+from hicache_jax.transfer import TransferEngine, compile_cache
+from hicache_jax.transfer.programs import Program
+
+from test_landing import step_fn
+from test_round_trip import DEVICE_PAGES, HOST_PAGES, Harness
+
+pytestmark = pytest.mark.slow
+KERNEL_PROGRAMS = {Program.PACK, Program.UNPACK, Program.LOAD_BLOCK, Program.LOAD_PIECES}
+
+
+def for_cuda(fn, args, donate, outs):
+    """The StableHLO text of `fn` lowered for CUDA (its example args carry their shardings)."""
+    ins = tuple(jax.tree.map(lambda a: a.sharding, args))
+    traced = jax.jit(fn, in_shardings=ins, out_shardings=outs, donate_argnums=donate).trace(*args)
+    return traced.lower(lowering_platforms=("cuda",)).as_text()
+
+
+def move_random_plans(t: Harness, seed: int) -> None:
+    """Backups and loads of random pages (whole runs, pieces), each load shape twice so its
+    fused program is compiled and used; then a run inside a block, copied early."""
+    rng = np.random.default_rng(seed)
+    t.engine._early.early_bytes = 0                   # every run inside a block may be copied early
+    for _ in range(3):
+        pages = {}
+        for a in t.allocators:
+            n = int(rng.integers(1, t.engine.chunk_pages(a) + 1))
+            pages[a] = (rng.permutation(DEVICE_PAGES)[:n], np.sort(rng.permutation(HOST_PAGES)[:n]))
+        t.run("backup", pages)
+        for _ in range(2):
+            hit = {a: (rng.permutation(DEVICE_PAGES)[:len(h)], h) for a, (_, h) in pages.items()}
+            t.run("load", hit)
+            compile_cache.wait_background()
+        inside = {a: (d[1:], h[1:]) for a, (d, h) in pages.items() if len(h) > 2}
+        if inside:                                    # parts of the batch's blocks
+            t.run("load", inside)
+            compile_cache.wait_background()
+    a = t.layout.anchor.name                          # a run inside one block, copied ahead of its load
+    n = t.engine.chunk_pages(a)
+    t.run("backup", {a: (np.arange(n), np.arange(HOST_PAGES - n, HOST_PAGES))})
+    hit = np.arange(HOST_PAGES - n + 1, HOST_PAGES)   # all but its first row
+    for _ in range(2):                                # the second load runs the fused program on the copies
+        assert t.engine.copy_early(a, hit.size, lambda: hit)
+        t.run("load", {a: (np.arange(hit.size), hit)})
+        compile_cache.wait_background()
+
+
+@pytest.mark.parametrize("name, groups", [("tiny_v4", 1), ("tiny_v4", 2), ("tiny_v41", 3), ("tiny_gqa", 2)])
+def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(name, groups):
+    ran = Harness(name, None, "reference", groups)
+    ran.engine.warmup()
+    move_random_plans(ran, seed=groups)
+    # the same engine on the Mosaic GPU kernels: it builds and lowers programs, never runs one
+    gpu_engine = TransferEngine(ran.layout, {a: DEVICE_PAGES for a in ran.allocators},
+                                {a: HOST_PAGES for a in ran.allocators},
+                                config=dataclasses.replace(ran.engine.config, kernels="mosaic_gpu"))
+    assert gpu_engine.kernels == "mosaic_gpu"
+    lowered = {}
+    for a in ran.allocators:
+        for key in ran.engine._programs[a]._cache:
+            text = for_cuda(*gpu_engine._programs[a].build(*key))
+            lowered[f"{a}:{key[0]}{list(key[1:])}"] = text
+            if key[0] in KERNEL_PROGRAMS:
+                assert "mosaic_gpu" in text, f"{a}:{key}: no Mosaic GPU kernel in the lowered program"
+    plans = ran.engine._plan_programs
+    for key, label in plans._labels.items():
+        backup, runs = key
+        if label.startswith("plan:load_pieces"):
+            built = gpu_engine._plan_programs._build_fused(runs)
+        else:
+            built = gpu_engine._plan_programs._build(backup, runs, Program.PACK if backup else Program.LOAD_BLOCK)
+        lowered[label] = text = for_cuda(*built)
+        assert "mosaic_gpu" in text, f"{label}: no Mosaic GPU kernel in the lowered program"
+    names = {label.split("[")[0].split(":")[-1] for label in lowered}
+    assert {"pack", "unpack", "load_block", "h2d", "copy", "load_pieces"} <= names, sorted(names)
+    assert any(label.startswith("plan:load_pieces") and "True" in label for label in lowered)   # early copies
+
+    step = step_fn(layer_groups.num_model_layers(ran.layout), 1)
+    pools = gpu_engine.init_device_pools()
+    for landing in gpu_engine.landing_examples():
+        text = step.trace(pools, jnp.zeros(()), landing).lower(lowering_platforms=("cuda",)).as_text()
+        assert "mosaic_gpu" in text and "pinned_host" in text
