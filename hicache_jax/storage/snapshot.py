@@ -52,9 +52,12 @@ def save_snapshot(directory: str | os.PathLike[str], buffers: Mapping[str, Any],
         json.dumps(meta)
     except TypeError as e:
         raise ValueError(f"snapshot metadata must be JSON-serialisable: {e}") from None
+    stored = {name: a for name, a in buffers.items() if a.size}   # orbax refuses empty arrays: the metadata says them
+    items = {"meta": ocp.args.JsonSave(meta)}
+    if stored:
+        items["buffers"] = ocp.args.PyTreeSave(stored)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckptr:
-        ckptr.save(path, args=ocp.args.Composite(buffers=ocp.args.PyTreeSave(dict(buffers)),
-                                                 meta=ocp.args.JsonSave(meta)), force=overwrite)
+        ckptr.save(path, args=ocp.args.Composite(**items), force=overwrite)
 
 
 def load_snapshot(directory: str | os.PathLike[str],
@@ -71,14 +74,19 @@ def load_snapshot(directory: str | os.PathLike[str],
         unknown = sorted(set(shardings) - set(meta["buffers"]))
         if unknown:
             raise ValueError(f"shardings name buffers {unknown} the snapshot lacks (it has {sorted(meta['buffers'])})")
-        target, restore_args = {}, {}
+        target, restore_args, empty = {}, {}, {}
         for name, d in meta["buffers"].items():
-            if name in shardings:
-                target[name] = jax.ShapeDtypeStruct(tuple(d["shape"]), d["dtype"], sharding=shardings[name])
+            shape = tuple(d["shape"])
+            if not np.prod(shape):
+                empty[name] = np.empty(shape, d["dtype"])
+                if name in shardings:
+                    empty[name] = jax.device_put(empty[name], shardings[name])
+            elif name in shardings:
+                target[name] = jax.ShapeDtypeStruct(shape, d["dtype"], sharding=shardings[name])
                 restore_args[name] = ocp.ArrayRestoreArgs(sharding=shardings[name])
             else:
-                target[name] = np.empty(tuple(d["shape"]), d["dtype"])
+                target[name] = np.empty(shape, d["dtype"])
                 restore_args[name] = ocp.RestoreArgs(restore_type=np.ndarray)
         restored = ckptr.restore(path, args=ocp.args.Composite(
-            buffers=ocp.args.PyTreeRestore(target, restore_args=restore_args))).buffers
-    return Snapshot(dict(restored), meta["metadata"])
+            buffers=ocp.args.PyTreeRestore(target, restore_args=restore_args))).buffers if target else {}
+    return Snapshot({**dict(restored), **empty}, meta["metadata"])

@@ -181,6 +181,19 @@ def test_a_snapshot_restores_the_host_tier_in_a_new_cache(name, tmp_path):
         other.restore_snapshot(tmp_path / "snap")
 
 
+@pytest.mark.parametrize("host_pages", [12, 0])
+def test_a_snapshot_of_an_empty_host_tier_saves_and_restores_nothing(host_pages, tmp_path):
+    """Before anything was backed up, or with no host tier at all (`host_pages=0`): a
+    snapshot of no prefixes, restored as none; the cache serves on."""
+    a = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=host_pages,
+                                                       write_policy="write_back", check_invariants=True))
+    Driver(a).request([0, 1])                          # on the device only: nothing on the host
+    assert a.save_snapshot(tmp_path / "snap") == 0
+    b = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=host_pages, check_invariants=True))
+    assert b.restore_snapshot(tmp_path / "snap") == 0
+    assert Driver(b).request([0, 1]) == 0
+
+
 @pytest.mark.parametrize("retry_s", [0.0, 1.5])
 def test_an_unreachable_store_degrades_at_once_with_one_log_line(retry_s, caplog):
     """A Mooncake master nobody listens on: the cache is built within a few seconds (after

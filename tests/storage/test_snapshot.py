@@ -24,6 +24,19 @@ def test_numpy_buffers_and_metadata_round_trip(tmp_path):
         assert snap.buffers[name].tobytes() == a.tobytes()
 
 
+def test_empty_buffers_round_trip_beside_others_or_alone(tmp_path):
+    """orbax stores no zero-size array: the metadata carries their shape and dtype."""
+    pinned = SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    save_snapshot(tmp_path / "s", {**buffers(), "tokens": np.zeros(0, np.int32)}, {"n": 0})
+    snap = load_snapshot(tmp_path / "s", shardings={"tokens": pinned})
+    assert snap.buffers["tokens"].shape == (0,) and snap.buffers["tokens"].sharding == pinned
+    assert snap.buffers["kv"].tobytes() == buffers()["kv"].tobytes()
+    save_snapshot(tmp_path / "t", {"tokens": np.zeros((0, 3), np.uint16)}, {"n": 0})
+    snap = load_snapshot(tmp_path / "t")
+    assert snap.buffers["tokens"].shape == (0, 3) and snap.buffers["tokens"].dtype == np.uint16
+    assert snap.metadata == {"n": 0}
+
+
 def test_pinned_host_arrays_restore_into_pinned_host(tmp_path):
     pinned = SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
     bufs = {k: jax.device_put(v, pinned) for k, v in buffers().items()}
