@@ -138,7 +138,7 @@ class StorageConfig:
             if not (isinstance(self.url, str) and "://" in self.url):
                 raise ValueError(f"StorageConfig field 'url' must be a storage URL such as file:///dir or "
                                  f"mooncake://host:port, got {self.url!r}")
-            from hicache_jax.storage.backend import check_url   # the URL's form only: nothing is opened
+            from hicache_jax.storage.urls import check_url   # the URL's form only: nothing is opened
             try:
                 check_url(self.url)
             except ValueError as e:

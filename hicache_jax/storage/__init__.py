@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import importlib
 
-from hicache_jax.storage.backend import MAX_BATCH_PAGES, StorageBackend, open_backend
+from hicache_jax.storage.backend import MAX_BATCH_PAGES, StorageBackend
+from hicache_jax.storage.urls import open_backend
 from hicache_jax.storage.faults import FaultyBackend, InjectedFault
 from hicache_jax.storage.guard import StorageOp
 from hicache_jax.storage.keys import KeySpace, ObjectKey, PageHash, layout_fingerprint, page_hashes

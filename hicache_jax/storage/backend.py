@@ -1,4 +1,4 @@
-"""What an L3 engine must offer (`StorageBackend`), and `open_backend(url)` to pick one.
+"""What an L3 engine must offer (`StorageBackend`); `urls.open_backend(url)` picks one.
 
 An object is stored as two pieces laid end to end: the 256-byte header and the payload.
 Backends move pieces straight from and into the caller's buffers where the engine allows
@@ -25,7 +25,6 @@ passes the exception on to the serving loop.
 """
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
@@ -34,13 +33,6 @@ import numpy as np
 from hicache_jax.storage.objects import MissReason
 
 MAX_BATCH_PAGES = 128   # pages per backend call (each page: one object per pool and rank)
-SCHEMES = {
-    "file": "tensorstore (ocdbt over local files)",
-    "gs": "tensorstore (ocdbt over Google Cloud Storage)",
-    "s3": "tensorstore (ocdbt over S3)",
-    "mooncake": "Mooncake Store (mooncake_master at host:port)",
-    "memory": "in-process dict (tests)",
-}
 
 
 @runtime_checkable
@@ -65,46 +57,6 @@ class StorageBackend(Protocol):
 
     def close(self) -> None:
         return None
-
-
-def open_backend(url: str, timeout_s: float = 5.0) -> StorageBackend:
-    """The backend a URL names: `file:///dir`, `gs://bucket/path`, `s3://bucket/path`,
-    `mooncake://host:port` or `memory://`. Options go in the query string (see each backend).
-
-    `timeout_s` bounds each engine wait of backends that can bound their own waits (for
-    Mooncake, the connect to its master).
-    """
-    if not isinstance(url, str):
-        raise ValueError(f"storage URL must be a str, got {type(url).__name__}")
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme in ("file", "gs", "s3"):
-        from hicache_jax.storage.tensorstore_backend import TensorstoreBackend
-        return TensorstoreBackend.from_url(url, timeout_s=timeout_s)
-    if parts.scheme == "mooncake":
-        from hicache_jax.storage.mooncake_backend import MooncakeBackend
-        return MooncakeBackend.from_url(url, timeout_s)
-    if parts.scheme == "memory":
-        from hicache_jax.storage.memory_backend import MemoryBackend
-        return MemoryBackend()
-    check_url(url)   # raises: the scheme is unknown
-    raise AssertionError(f"bug: check_url accepted {url!r}, which open_backend cannot open")
-
-
-def check_url(url: str) -> None:
-    """ValueError unless `url` names a backend `open_backend` knows, with valid options;
-    opens and connects to nothing."""
-    if not isinstance(url, str):
-        raise ValueError(f"storage URL must be a str, got {type(url).__name__}")
-    scheme = urllib.parse.urlsplit(url).scheme
-    if scheme in ("file", "gs", "s3"):
-        from hicache_jax.storage.tensorstore_backend import url_to_spec
-        url_to_spec(url)
-    elif scheme == "mooncake":
-        from hicache_jax.storage.mooncake_backend import parse_url
-        parse_url(url)
-    elif scheme != "memory":
-        known = ", ".join(f"{s}:// ({what})" for s, what in SCHEMES.items())
-        raise ValueError(f"unknown storage URL scheme {scheme!r} in {url!r}; known: {known}")
 
 
 def as_bytes(array: np.ndarray) -> np.ndarray:

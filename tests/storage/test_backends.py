@@ -95,7 +95,7 @@ def test_tier_over_each_backend(backend, name, tp):
     ("mooncake://127.0.0.1:1?segment=lots", "byte count"), ("mooncake://127.0.0.1:1?protocol=udp", "protocol"),
 ])
 def test_bad_urls_raise_value_error(url, match):
-    from hicache_jax.storage.backend import check_url
+    from hicache_jax.storage.urls import check_url
     with pytest.raises(ValueError, match=match):   # its form alone, before anything is opened
         check_url(url)
     with pytest.raises(ValueError, match=match):
