@@ -258,10 +258,7 @@ class HiCacheConfig:
         if unknown or missing:
             raise ValueError(f"host page budgets name {unknown or missing}: they must cover exactly the "
                              f"allocators {allocators}")
-        if not any(host.values()):
-            if self.storage.url is not None:
-                raise ValueError(f"a storage tier ({self.storage.url!r}) needs a host tier: host pages are {host}")
-        elif not all(host.values()):
+        if any(host.values()) and not all(host.values()):
             raise ValueError(f"host pages {host}: give every allocator pages, or none (host_pages=0: no host tier)")
         return device, host
 
