@@ -82,7 +82,12 @@ class TransferConfig:
     group by group (`Landing`); a deferred load leaves one whole anchor block of one of
     `landing_buckets` sizes (the largest powers of two of a chunk) to the step, so the step
     compiles for that many shapes, at warm-up (`HiCache.landing_examples`). A one-block load
-    of at least `early_copy_bytes` starts its copy before the plan is checked.
+    of at least `early_copy_bytes` starts its copy before the plan is checked. A load that
+    gathers pieces of several host blocks gets a program of its own (one dispatch) once its
+    shape has been seen `fuse_after` times: it compiles on a background thread from then
+    on (0: never). Under traffic most such shapes come once (BENCHMARKS.md, "Fused loads
+    under a trace": 24 of 26 shapes in two replays), and a compilation nobody uses takes
+    host CPU (and the GIL, while it traces) from the serving loop.
     """
 
     max_staging_bytes: int = 512 << 20          # device staging per allocator; bounds a chunk
@@ -94,6 +99,7 @@ class TransferConfig:
     host_memory_limit_bytes: int | None = None  # default: XLA's pinned pool cap (`xla_pinned_limit_bytes`)
     kernels: str = "auto"                       # pack/unpack kernels: a name of `pallas_kernels.IMPLS`
     block_bytes: int | None = None              # bytes one kernel copy moves (default: the backend's)
+    fuse_after: int = 2                         # loads of one shape of pieces before its program compiles
 
     def __post_init__(self):
         check = _Checker(self)
@@ -105,6 +111,7 @@ class TransferConfig:
         check.number("timeout_s", self.timeout_s)
         check.optional_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
         check.optional_count("block_bytes", self.block_bytes, minimum=1)
+        check.count("fuse_after", self.fuse_after)
         if not isinstance(self.kernels, str):
             raise ValueError(f"TransferConfig field 'kernels' must be a kernel name, got {self.kernels!r}")
 

@@ -42,13 +42,17 @@ def shared_program(identity: tuple, label: str, jaxprs: dict, build: Callable[[]
     return found[0]
 
 
-def ready_program(identity: tuple, label: str, jaxprs: dict, build: Callable[[], tuple]) -> jax.stages.Compiled | None:
-    """The program `identity` names if it is compiled; else None, and its compilation starts
-    on the background thread (once: a program that failed to compile is not tried again)."""
+def ready_program(identity: tuple, label: str, jaxprs: dict, build: Callable[[], tuple],
+                  start: bool = True) -> jax.stages.Compiled | None:
+    """The program `identity` names if it is compiled; else None, and with `start` its
+    compilation starts on the background thread (once: a program that failed to compile is
+    not tried again)."""
     found = _COMPILED.get(identity)
     if found is not None:
         jaxprs[label] = found[1]
         return found[0]
+    if not start:
+        return None
     with _lock:
         if identity not in _pending:
             _pending[identity] = _background.submit(_compile_logged, identity, label, build)

@@ -107,7 +107,7 @@ class TransferEngine(EngineSeams):
                                  self.kernels, config.block_bytes)
             for a, fmt in self.host.formats.items()
         }
-        self._plan_programs = PlanPrograms(self._programs)
+        self._plan_programs = PlanPrograms(self._programs, config.fuse_after)
         self._ints = ResidentIndices(None if mesh is not None else self.devices.device,
                                      max(self._device.pages.values(), default=0))
         anchor = self._programs.get(layout.anchor.name)

@@ -6,11 +6,13 @@ then costs one dispatch instead of one per allocator (one device, no mesh).
 Loads whose chunks are whole blocks have few shapes, all compiled by `warmup` (`compiled`).
 A load whose chunks gather pieces of several blocks (a hit on part of a block, several
 requests' hits merged) has as many shapes as its pieces have sizes: its one program
-(`ready_load`, labelled "plan:load_pieces[...]") is compiled on a background thread the
-first time its shape is seen, while that load moves by the per-chunk programs.
+(`ready_load`, labelled "plan:load_pieces[...]") is compiled on a background thread once
+its shape has been seen `fuse_after` times (`TransferConfig.fuse_after`); until it is
+ready, that shape's loads move by the per-chunk programs.
 """
 from __future__ import annotations
 
+import collections
 import functools
 from collections.abc import Callable
 
@@ -22,6 +24,8 @@ from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer.compile_cache import ready_program, shared_program
 from hicache_jax.transfer.moves import EarlyCopy, Move, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
+
+SIGHTINGS_KEPT = 4096     # load shapes whose sightings are counted (the least recently seen are forgotten)
 
 # One allocator's part of a fused load: (allocator, pages, (Program.LOAD_BLOCK, on device))
 # or (allocator, pages, (Program.LOAD_PIECES, ((block rows, log2 rows, early copy), ...) in staging order)).
@@ -38,8 +42,10 @@ class PlanPrograms:
     blocks or their device copies, and the device pages).
     """
 
-    def __init__(self, programs: dict[str, AllocatorPrograms]):
+    def __init__(self, programs: dict[str, AllocatorPrograms], fuse_after: int = 1):
         self._programs = programs
+        self._fuse_after = fuse_after
+        self._sightings: collections.OrderedDict[tuple, int] = collections.OrderedDict()   # by entries
         self._cache: dict[tuple, jax.stages.Compiled] = {}   # by (backup, runs)
         self._labels: dict[tuple, str] = {}
         self.jaxprs: dict[str, object] = {}
@@ -83,19 +89,31 @@ class PlanPrograms:
 
     def ready_load(self, entries: tuple[FusedEntry, ...]) -> jax.stages.Compiled | None:
         """The one program of a load of `entries` (`fused_entries`) if it is compiled, else
-        None (and it compiles in the background: module docstring)."""
+        None (counting this load of its shape; the `fuse_after`-th starts its compilation
+        in the background: module docstring)."""
         key = (False, entries)
         program = self._cache.get(key)
+        if program is None and not self._fuse_after:
+            return None
         if program is None:
             label = "plan:load_pieces" + repr([(a, n, e[1]) for a, n, e in entries])
             identity = (tuple(self._programs[a]._identity for a, *_ in entries), "fused_load", entries)
-            program = ready_program(identity, label, self.jaxprs, lambda: self._build_fused(entries))
+            program = ready_program(identity, label, self.jaxprs, lambda: self._build_fused(entries),
+                                    start=self._sighted(entries))
             if program is None:
                 return None
             self._cache[key], self._labels[key] = program, label
         if self.hook is not None:
             return functools.partial(self.hook, self._labels[key], program)
         return program
+
+    def _sighted(self, entries: tuple[FusedEntry, ...]) -> bool:
+        """Count one more load of shape `entries`; True once it has been seen `fuse_after` times."""
+        seen = self._sightings.pop(entries, 0) + 1
+        self._sightings[entries] = seen                  # the most recently seen last
+        if len(self._sightings) > SIGHTINGS_KEPT:
+            self._sightings.popitem(last=False)
+        return seen >= self._fuse_after
 
     def _build_fused(self, entries: tuple[FusedEntry, ...]):
         """(fn, example args, donate_argnums, out shardings) of one fused load: each entry's
@@ -150,8 +168,6 @@ def split_plan_index(sizes: list[int], idx: tuple) -> list:
             out.append(idx[-1][lo:lo + n])
             lo += n
     return out
-
-
 
 
 def fused_entries(work, moves: list[list[Move]]) -> tuple[FusedEntry, ...] | None:

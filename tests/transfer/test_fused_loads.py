@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import hicache_jax as hc
-from hicache_jax.transfer import compile_cache
+from hicache_jax.transfer import compile_cache, plan_programs
 
 from test_round_trip import DEVICE_PAGES, HOST_PAGES, Harness
 
@@ -58,6 +58,34 @@ def test_a_hit_on_part_of_a_block_runs_one_program_after_the_first():
         if round_:
             assert calls == [calls[0]] and calls[0].startswith(FUSED), calls
         compile_cache.wait_background()
+
+
+@pytest.mark.parametrize("fuse_after", [2, 3, 0])
+def test_a_shape_gets_its_program_only_once_it_has_been_seen_fuse_after_times(fuse_after, monkeypatch):
+    """Shapes that come once (most of them, under traffic) compile nothing; the
+    `fuse_after`-th load of a shape starts its compilation, the next one runs it; 0: never.
+    Only the most recently seen shapes are counted."""
+    monkeypatch.setattr(plan_programs, "SIGHTINGS_KEPT", 3)
+    monkeypatch.setattr(compile_cache, "_COMPILED", {})   # none of the process's programs: this test's own
+    monkeypatch.setattr(compile_cache, "_pending", {})
+    t = Harness("tiny_v4", None, "reference", fuse_after=fuse_after)
+    t.run("backup", {"kv": (list(range(8)), list(range(16, 24)))})     # one block of 8 rows
+    calls = record(t)
+    compiled = lambda: [k for k in t.engine.compiled_programs() if k.startswith(FUSED)]
+    for once in ([16], [16, 17, 18], [20, 21, 22, 23], [17, 18, 19, 20, 21]):   # four shapes, each once
+        t.run("load", {"kv": (np.arange(len(once)), once)})
+        compile_cache.wait_background()
+    assert not compiled()
+    hit = [18, 19]                                                      # rows 2-3 of the block: a piece
+    for k in range(1, max(fuse_after, 1) + 2):
+        calls.clear()
+        t.run("load", {"kv": (np.arange(2) + k, hit)})
+        compile_cache.wait_background()
+        fused = len(calls) == 1 and calls[0].startswith(FUSED)
+        assert fused == (fuse_after > 0 and k > fuse_after), (k, calls)
+    assert len(compiled()) == (1 if fuse_after else 0)
+    assert len(t.engine._plan_programs._sightings) <= 3
+    t.check()
 
 
 def test_background_compilations_are_counted_apart_from_the_ones_a_caller_waits_for():
