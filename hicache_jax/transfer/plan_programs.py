@@ -93,9 +93,9 @@ class PlanPrograms:
         in the background: module docstring)."""
         key = (False, entries)
         program = self._cache.get(key)
-        if program is None and not self._fuse_after:
-            return None
         if program is None:
+            if not self._fuse_after:             # fused loads are off
+                return None
             label = "plan:load_pieces" + repr([(a, n, e[1]) for a, n, e in entries])
             identity = (tuple(self._programs[a]._identity for a, *_ in entries), "fused_load", entries)
             program = ready_program(identity, label, self.jaxprs, lambda: self._build_fused(entries),
