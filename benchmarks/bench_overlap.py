@@ -43,9 +43,11 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_api  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
+import hicache_jax as hc  # noqa: E402
 
 clock = time.perf_counter
 _DEVICE, _HOST = jax.memory.Space.Device, jax.memory.Space.Host
+EXACT = hc.step_compiler_options()   # every step compiled as a serving loop that lands compiles it
 
 
 def median_ms(fn, reps: int) -> float:
@@ -92,14 +94,14 @@ class Step:
                 x = self.use(x, pools[pool][layer, :1])
                 x = self.layer(x)
             return x, schedule.finish(pools)
-        return jax.jit(step, donate_argnums=1)
+        return jax.jit(step, donate_argnums=1, compiler_options=EXACT)
 
     def plain(self):
         def step(x):
             for _ in range(self.layers):
                 x = self.layer(x)
             return x
-        return jax.jit(step)
+        return jax.jit(step, compiler_options=EXACT)
 
     def with_loads(self, groups: int, how: str, rows_per_group: int = 0):
         spans = self.groups_of(groups)
@@ -121,7 +123,7 @@ class Step:
                     x, h = jax.lax.optimization_barrier((x, hosts[nxt]))
                     moved[nxt] = jax.device_put(h, _DEVICE)
             return x
-        return jax.jit(step)
+        return jax.jit(step, compiler_options=EXACT)
 
 
 def group_rows(cache, pages: int, groups: int, spare: int = 1) -> list[jax.Array]:

@@ -23,6 +23,7 @@ _LAZY: dict[str, str] = {
     "CacheStats": "hicache_jax.metrics",
     "TransferEngine": "hicache_jax.transfer",
     "Landing": "hicache_jax.transfer",
+    "step_compiler_options": "hicache_jax.transfer",
     "CompileCounter": "hicache_jax.compiles",
 }
 

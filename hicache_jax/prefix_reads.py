@@ -12,7 +12,6 @@ failed or refused one leaves the device part of the match, still pinned.
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import numpy as np
 
@@ -24,7 +23,6 @@ from hicache_jax.plan import Direction
 from hicache_jax.tree import LoadJob, LockId, MatchResult, Refusal, TransferId, TreeCore
 
 _EMPTY = np.zeros((0,), np.int32)
-log = logging.getLogger("hicache_jax")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,14 +41,6 @@ class PrefixReads:
         self.layout, self.config, self._core, self._data = layout, config, core, data
         self._anchor = core.anchor
         self._swa = layout.swa_pool.name if layout.swa_pool is not None else None
-        # On NVIDIA GPUs a step that lands a load stored in several layer groups computed other
-        # logits than the same step with no landing, though every landed byte was right
-        # (README, "Limits"): there, deferred loads of a grouped host tier move as blocking ones.
-        self._defer = config.transfer.layer_groups == 1 or data.engine.devices.device.platform != "gpu"
-        if not self._defer:
-            log.warning("layer_groups=%d on a GPU: deferred load-backs move as blocking ones here "
-                        "(a step landing grouped parts is not bit-identical on this backend yet)",
-                        config.transfer.layer_groups)
 
     def match(self, tokens: np.ndarray) -> MatchResult:
         """The tree's match of `tokens`, counted as a request for them."""
@@ -64,7 +54,6 @@ class PrefixReads:
     def load_back(self, match: MatchResult, patient: bool, deferred: bool = False) -> LoadBack:
         """Start loading `match`'s host part (see `HiCache.load_back`); when `patient`,
         transfers in flight that pin the room it needs are waited for rather than refused."""
-        deferred = deferred and self._defer
         if not deferred:   # a large block starts its copy while the tree plans
             self._data.engine.copy_early(self._anchor, match.host_len // self.layout.page_size,
                                          lambda: self._core.anchor_host_pages(match))
@@ -130,7 +119,6 @@ class PrefixReads:
         them on the device as it would after one `acquire` each. With `deferred`, only the
         last start may leave a block to the model's step: its `Landing` is every one of its
         requests' `Prefix.landing`."""
-        deferred = deferred and self._defer
         out: list[Prefix | None] = [None] * len(seqs)
         planned: list[_Planned] = []
         for i, tokens in enumerate(seqs):

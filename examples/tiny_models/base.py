@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from hicache_jax.layout import PoolLayout
+from hicache_jax.transfer import step_compiler_options
 from examples.tiny_models.paged import Chunk
 
 
@@ -96,9 +97,11 @@ class ChunkModel:
         self.params: dict = {}
         # one jitted step per layout and size: models that differ only in their weights (an
         # argument) share it and its compiled programs. Pools are donated, updated in place.
+        # Compiled with the options that keep a step's bits independent of a landing it carries
+        # (and the batched step's slots equal to the step alone): hicache_jax.step_compiler_options.
         key = (type(self), layout, max_pages, chunk_size)
         if key not in _STEPS:
-            _STEPS[key] = jax.jit(self._forward, donate_argnums=(1,))
+            _STEPS[key] = jax.jit(self._forward, donate_argnums=(1,), compiler_options=step_compiler_options())
         self._step = _STEPS[key]
         self._batch_key = key
 
@@ -147,7 +150,8 @@ class ChunkModel:
         check_pools(self.layout, pools)
         slots = self._checked_slots(slots)
         if self._batch_key not in _BATCH_STEPS:
-            _BATCH_STEPS[self._batch_key] = jax.jit(self._forward_batch, donate_argnums=(1,))
+            _BATCH_STEPS[self._batch_key] = jax.jit(self._forward_batch, donate_argnums=(1,),
+                                                     compiler_options=step_compiler_options())
         return _BATCH_STEPS[self._batch_key](self.params, dict(pools), slots)
 
     def pool_shapes(self, num_anchor_pages: int, num_swa_pages: int) -> dict[str, tuple[tuple[int, ...], str]]:

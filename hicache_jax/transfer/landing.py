@@ -8,7 +8,7 @@ array per layer group, `RowFormat.parts`) and the device pages it goes to. The
 serving loop passes it into its jitted step, which lands each group just before the
 first layer that reads it:
 
-    @jax.jit                                  # donate the pools
+    @partial(jax.jit, donate_argnums=0, compiler_options=step_compiler_options())
     def step(pools, x, landing):
         schedule = landing.schedule()
         for layer in range(num_layers):
@@ -23,6 +23,13 @@ once the activations `x` of group g - 1 exist (`lax.optimization_barrier`), whic
 XLA's scheduler from bunching every copy before the first layer (BENCHMARKS.md, "Layer-wise
 overlap"). The bytes land exactly as a blocking load writes them.
 
+Compile the step with `compiler_options=step_compiler_options()` (and every program whose
+logits are compared with it, e.g. the same step without a landing): on NVIDIA GPUs, XLA's
+Triton GEMM fusions tile and fuse a matmul differently depending on the ops around it, so a
+step carrying a landing rounded its logits differently from the same step without one
+(2026-12-05, H200: every landed byte right, the logits off in the last bits); with cuBLAS
+GEMMs the two agree bit for bit (BENCHMARKS.md, "Landing arithmetic on the H200").
+
 After the step, `HiCache.set_device_pools(pools, landed=landing)` tells the cache; the
 load completes when that step has run. A landing never passed to a step is landed by
 `wait`, `drain` or any call that waits for transfers (`TransferEngine.land`). A landing
@@ -36,6 +43,20 @@ from collections.abc import Mapping, Sequence
 import jax
 
 _DEVICE = jax.memory.Space.Device
+
+# XLA options that keep a step's arithmetic independent of the landing it carries, per platform
+_EXACT_OPTIONS: dict[str, dict[str, object]] = {"gpu": {"xla_gpu_enable_triton_gemm": False}}
+
+
+def step_compiler_options(platform: str | None = None) -> dict[str, object]:
+    """`jax.jit(..., compiler_options=...)` for a step that lands a deferred load, and for
+    every program whose bits are compared with it (module docstring). `platform`: "gpu",
+    "cpu", "tpu"; default the platform of jax's first device."""
+    if platform is None:
+        platform = jax.devices()[0].platform
+    if not isinstance(platform, str):
+        raise ValueError(f"platform must be a str such as 'gpu', got {platform!r}")
+    return dict(_EXACT_OPTIONS.get(platform, {}))
 
 
 @jax.tree_util.register_pytree_node_class

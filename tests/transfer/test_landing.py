@@ -226,3 +226,16 @@ def test_a_landing_never_rebinds_the_activations(groups, lead):
 
     jax.make_jaxpr(step)(pools, jnp.ones(4), h.landing)
     assert seen and all(seen)
+
+
+def test_step_compiler_options_turn_off_triton_gemms_on_gpus_only():
+    assert hc.step_compiler_options("gpu") == {"xla_gpu_enable_triton_gemm": False}
+    assert hc.step_compiler_options("cpu") == {} and hc.step_compiler_options("tpu") == {}
+    assert hc.step_compiler_options() == hc.step_compiler_options(jax.devices()[0].platform)
+    hc.step_compiler_options("gpu")["xla_gpu_enable_triton_gemm"] = True     # a copy: the next call is unchanged
+    assert hc.step_compiler_options("gpu") == {"xla_gpu_enable_triton_gemm": False}
+    with pytest.raises(ValueError, match="platform must be a str"):
+        hc.step_compiler_options(0)
+    # XLA takes the GPU options on any backend: a step compiled with them runs here
+    step = jax.jit(lambda x: x @ x, compiler_options=hc.step_compiler_options("gpu"))
+    assert float(step(jnp.eye(4)).sum()) == 4.0
