@@ -27,8 +27,9 @@ import jax
 
 BACKEND_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
-# every compilation seen since the listener was registered: (function name, on the background thread)
-_seen: list[tuple[str, bool]] = []
+# every compilation seen since the listener was registered:
+# (function name, on the background thread, seconds)
+_seen: list[tuple[str, bool, float]] = []
 BACKGROUND_THREAD = "hicache-compile"   # the prefix of that thread's name (compile_cache.py)
 _lock = threading.Lock()
 _listening = False
@@ -36,7 +37,8 @@ _listening = False
 
 def _listen(event: str, duration: float, **kwargs) -> None:
     if event == BACKEND_COMPILE_EVENT:
-        _seen.append((str(kwargs.get("fun_name", "?")), threading.current_thread().name.startswith(BACKGROUND_THREAD)))
+        _seen.append((str(kwargs.get("fun_name", "?")),
+                      threading.current_thread().name.startswith(BACKGROUND_THREAD), float(duration)))
 
 
 def _register() -> None:
@@ -66,9 +68,15 @@ class CompileCounter:
     @property
     def background(self) -> int:
         """Compilations since the start on the background compile thread."""
-        return sum(bg for _, bg in _seen[self._start:])
+        return sum(bg for _, bg, _ in _seen[self._start:])
+
+    @property
+    def background_s(self) -> float:
+        """Seconds those background compilations took in XLA (tracing and lowering, which
+        hold the GIL the serving thread needs, come on top)."""
+        return sum(s for _, bg, s in _seen[self._start:] if bg)
 
     @property
     def names(self) -> list[str]:
         """The compiled functions' names since the start, in order (e.g. `jit(_forward)`)."""
-        return [name for name, bg in _seen[self._start:] if not bg]
+        return [name for name, bg, _ in _seen[self._start:] if not bg]

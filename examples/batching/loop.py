@@ -34,6 +34,12 @@ from examples.batching.slots import pack, pick
 from examples.batching.workload import Job
 
 
+# the parts of a step, timed apart: `cache.step()`; scheduling (grow, preempt, admit: the
+# acquire / alloc calls and the loads they wait for) and packing; the model step with its
+# tokens fetched (which waits for it); advancing the sequences (insert / free / unlock)
+PHASES = ("cache_step", "schedule", "model", "advance")
+
+
 @dataclasses.dataclass(frozen=True)
 class StepRecord:
     clock_s: float       # replay clock at the end of the step
@@ -53,6 +59,9 @@ class Run:
     refused_admissions: int
     stats: hc.CacheStats
     wall_s: float
+    phase_s: dict[str, float]       # wall time per part of the steps (PHASES)
+    background_compiles: int        # fused load programs compiled on the engine's thread meanwhile
+    background_compile_s: float     # their XLA compile time (tracing and lowering not included)
 
 
 def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: frozenset[int] = frozenset(),
@@ -68,6 +77,8 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     steps: list[StepRecord] = []
     bar = ProgressBar(calls.kind.value, len(jobs), enabled=progress)
     clock, done, t_start = 0.0, 0, time.perf_counter()
+    phases = dict.fromkeys(PHASES, 0.0)
+    compiles = hc.CompileCounter()
     while pending or sched.busy:
         if not sched.busy:
             clock = max(clock, pending[0].arrival_s)        # idle: the next arrival comes
@@ -75,8 +86,10 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
             seqs.append(sched.arrive(pending.popleft()))
         t0 = time.perf_counter()
         calls.step()
+        t1 = time.perf_counter()
         batch = sched.schedule()
         slots = pack(batch, max_batch, C, M)
+        t2 = time.perf_counter()
         pools, logits = model.forward_batch(calls.cache.device_pools, slots)
         calls.cache.set_device_pools(pools)
         wanted = [i for i, s in enumerate(batch) if slots.logits[i] and s.job.index in sample]
@@ -84,8 +97,12 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
         tokens, digests, kept = pick(logits, rows)
         tokens, digests = np.asarray(tokens), np.asarray(digests)    # waits for the step
         kept = dict(zip(wanted, np.asarray(kept))) if wanted else None
+        t3 = time.perf_counter()
         got = sched.advance(batch, tokens, digests, kept)
-        dt = time.perf_counter() - t0
+        t4 = time.perf_counter()
+        dt = t4 - t0
+        for phase, spent in zip(PHASES, (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+            phases[phase] += spent
         clock += dt
         for seq in got:
             seq.token_times.append(clock)
@@ -98,7 +115,7 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     calls.cache.check_invariants()
     seqs.sort(key=lambda s: s.job.index)
     return Run(calls.kind, seqs, steps, sched.preemptions, sched.refused_admissions, calls.cache.stats(),
-               time.perf_counter() - t_start)
+               time.perf_counter() - t_start, phases, compiles.background, compiles.background_s)
 
 
 def warm_up(model, cache: hc.HiCache, max_batch: int, sample_rows: int) -> None:

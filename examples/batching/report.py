@@ -54,6 +54,9 @@ def summarize(run: Run) -> dict:
         "preemptions": run.preemptions,
         "refused_admissions": run.refused_admissions,
         "wall_s": round(run.wall_s, 3),
+        "phase_s": {phase: round(spent, 3) for phase, spent in run.phase_s.items()},
+        "background_compiles": run.background_compiles,
+        "background_compile_s": round(run.background_compile_s, 3),
     }
 
 

@@ -57,6 +57,10 @@ def assert_served_well(result: dict, requests: int) -> None:
     assert runs["no_cache"]["computed_tokens"] > runs["hicache"]["computed_tokens"]
     for name in ("hicache", "device_only", "no_cache"):
         assert runs[name]["output_tokens"] == runs["hicache"]["output_tokens"]
+        phases = runs[name]["phase_s"]     # the step's parts add up to the time the steps took
+        assert set(phases) == {"cache_step", "schedule", "model", "advance"} and min(phases.values()) >= 0
+        assert abs(sum(phases.values()) - runs[name]["busy_s"]) <= 0.01 + 0.01 * runs[name]["busy_s"]
+        assert phases["model"] > 0
         assert 0 < result["ttft_ms"][name]["p50"] <= result["ttft_ms"][name]["p99"]
         assert result["throughput_tok_s"][name] > 0
     assert set(result["ratios"]) == {"vs_device_only", "vs_no_cache"}

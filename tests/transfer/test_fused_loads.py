@@ -98,6 +98,7 @@ def test_background_compilations_are_counted_apart_from_the_ones_a_caller_waits_
     t.run("load", pages)
     compile_cache.wait_background()
     assert not any("fused_load" in n for n in counter.names[waited:])   # never on the caller's thread
+    assert (counter.background > 0) == (counter.background_s > 0)     # each one's XLA seconds summed
     calls = record(t)
     t.run("load", pages)
     assert len(calls) == 1 and calls[0].startswith(FUSED)
