@@ -77,13 +77,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--window-policy", default=None, metavar="POLICY",
                     help="stop points that keep their SWA pages (default: ends+every_N, N pages = one "
                          f"{BLOCK_TOKENS}-token trace block)")
+    ap.add_argument("--fuse-after", type=int, default=None, metavar="N",
+                    help="HiCache run: compile a load shape's one program at its N-th sighting, 0: never "
+                         "(TransferConfig.fuse_after; default: its default)")
     ap.add_argument("--seed", type=int, default=0, help="seed of random weights and of token ids" + d)
     ap.add_argument("--chunk", type=int, default=None, help="Gemma only: positions per forward, a divisor of "
                                                               "the page (default 32)")
     ap.add_argument("--gguf", default=None, help="Gemma 3 270M only: the GGUF file (default: the package's)")
     args = ap.parse_args(argv)
     for name, low in (("limit", 1), ("max_batch", 1), ("max_input_tokens", 1), ("max_output_tokens", 1),
-                      ("check", 0), ("device_pages", 1), ("host_pages", 1), ("seed", 0), ("chunk", 1)):
+                      ("check", 0), ("device_pages", 1), ("host_pages", 1), ("seed", 0), ("chunk", 1),
+                      ("fuse_after", 0)):
         v = getattr(args, name)
         if v is not None and v < low:
             ap.error(f"--{name.replace('_', '-')} must be >= {low}, got {v}")
@@ -167,7 +171,7 @@ def main(argv=None) -> int:
     model = build_model(args)
     sample = sample_indices(jobs, args.check)
     rows = min(len(sample), B)
-    caches = {kind: make_cache(kind, layout, args.device_pages, args.host_pages, args.write_policy)
+    caches = {kind: make_cache(kind, layout, args.device_pages, args.host_pages, args.write_policy, args.fuse_after)
               for kind in CacheKind}
     say(args, "compiling the transfer programs and the batched step (a one-off) ...")
     caches[CacheKind.HICACHE].warmup()    # every chunk size: a step's backups merge many requests' pages
@@ -208,7 +212,8 @@ def main(argv=None) -> int:
         "device_pages": args.device_pages, "host_pages": args.host_pages, "max_pages": args.max_pages,
         "chunk": model.chunk_size, "time_scale": args.time_scale, "max_input_tokens": args.max_input_tokens,
         "max_output_tokens": args.max_output_tokens, "write_policy": args.write_policy,
-        "window_policy": args.policy.name, "platform": jax.devices()[0].platform, "jax": jax.__version__,
+        "window_policy": args.policy.name, "fuse_after": caches[CacheKind.HICACHE].config.transfer.fuse_after,
+        "platform": jax.devices()[0].platform, "jax": jax.__version__,
         "runs": summaries,
     }
     for cache in caches.values():

@@ -32,11 +32,14 @@ class CacheKind(enum.Enum):
 
 
 def make_cache(kind: CacheKind, layout, device_pages: int, host_pages: int,
-               write_policy: str = "write_through") -> hc.HiCache:
-    """The cache a run of `kind` uses (module docstring)."""
+               write_policy: str = "write_through", fuse_after: int | None = None) -> hc.HiCache:
+    """The cache a run of `kind` uses (module docstring); `fuse_after`: the HiCache run's
+    `TransferConfig.fuse_after` (None: its default)."""
     match kind:
         case CacheKind.HICACHE:
-            config = hc.HiCacheConfig(device_pages=device_pages, host_pages=host_pages, write_policy=write_policy)
+            transfer = hc.TransferConfig() if fuse_after is None else hc.TransferConfig(fuse_after=fuse_after)
+            config = hc.HiCacheConfig(device_pages=device_pages, host_pages=host_pages, write_policy=write_policy,
+                                      transfer=transfer)
         case CacheKind.DEVICE_ONLY | CacheKind.NO_CACHE:
             config = hc.HiCacheConfig(device_pages=device_pages, host_pages=0)
     return hc.HiCache(layout, config)

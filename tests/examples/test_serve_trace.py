@@ -88,8 +88,9 @@ def test_a_trace_it_has_not_seen_and_more_requests_compile_nothing(capsys, tmp_p
     trace = conversation_trace(tmp_path / "conversations.jsonl")
     common = ["--trace", str(trace), "--config", str(CONFIGS / "tiny_v4.json"), "--max-input-tokens", "2048",
               "--max-output-tokens", "4", "--max-batch", "4", "--device-pages", "20"]
-    code, few = run(capsys, *common, "--limit", "6")
+    code, few = run(capsys, *common, "--limit", "6", "--fuse-after", "0")     # and no fused load program
     assert code == 0 and few["identical"] and few["compiles_while_serving"] == 0
+    assert few["fuse_after"] == 0 and few["runs"]["hicache"]["background_compiles"] == 0
     png = tmp_path / "conversations.png"
     code, result = run(capsys, *common, "--plot", str(png))
     assert code == 0
@@ -130,6 +131,7 @@ def bad_trace(tmp_path) -> str:
     (["--max-batch", "0"], "--max-batch must be >= 1, got 0"),
     (["--limit", "-3"], "--limit must be >= 1, got -3"),
     (["--check", "-1"], "--check must be >= 0, got -1"),
+    (["--fuse-after", "-1"], "--fuse-after must be >= 0, got -1"),
     (["--max-output-tokens", "0"], "--max-output-tokens must be >= 1, got 0"),
     (["--time-scale", "0"], "--time-scale must be a number > 0, got 0.0"),
     (["--time-scale", "nan"], "--time-scale must be a number > 0, got nan"),
