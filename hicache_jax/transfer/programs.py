@@ -208,19 +208,20 @@ class AllocatorPrograms:
     def _load_pieces(self, pages: int, shape: tuple[tuple[int, int, bool], ...]):
         """A chunk gathered from pieces of host blocks in one program: each piece's rows
         come to the device (a DMA when the piece is its whole block, else a slice; nothing
-        for an early copy, already there) and are unpacked straight into the pools at their
-        pages, with no staging buffer."""
+        for an early copy, already there), are joined in staging order, and are unpacked
+        into the pools at their pages by one kernel call per part. One call, not one per
+        piece: a program is compiled for each new shape of pieces while requests are served,
+        and lowering a Mosaic GPU kernel costs about 0.25 s of Python per call (BENCHMARKS.md,
+        "Lowering a load of pieces")."""
         if self.broadcast_load:
             raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
+        rows_in = sum(1 << log2_rows for _, log2_rows, _ in shape)
 
         def load_pieces(pools, blocks, starts, idx):
-            row = 0
-            for i, (block, (_, log2_rows, copied)) in enumerate(zip(blocks, shape)):
-                size = 1 << log2_rows
-                rows = block if copied else _block_rows(block, starts[i:i + 1], size)
-                pools = self._scatter_rows(pools, rows, idx[row:row + size])
-                row += size
-            return pools, idx[0] + 0
+            moved = [block if copied else _block_rows(block, starts[i:i + 1], 1 << log2_rows)
+                     for i, (block, (_, log2_rows, copied)) in enumerate(zip(blocks, shape))]
+            rows = moved[0] if len(moved) == 1 else tuple(jnp.concatenate(part) for part in zip(*moved))
+            return self._scatter_rows(pools, rows, idx[:rows_in]), idx[0] + 0
 
         blocks = tuple(self._staging_spec(rows) if copied else self._host_example(rows) for rows, _, copied in shape)
         args = (self._pools(self.pool_shardings), blocks, self._index(len(shape)), self._index(pages))
