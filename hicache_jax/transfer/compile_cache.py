@@ -9,11 +9,23 @@ Most programs are compiled where they are first needed, or ahead by `warmup`. A 
 whose shapes are too many to compile ahead (a load that fuses pieces of several blocks,
 `FusedLoads`) is compiled on a background thread instead (`ready_program`): the load that
 first needs it moves by programs compiled already, and the next load of its shape runs it.
+
+Tracing and lowering a program is Python that holds the GIL for up to a second (a Mosaic
+GPU kernel call takes about 0.25 s to lower). A serving thread gives the GIL up at every
+wait (a dispatch, a device sync) and gets it back only when the holder reaches the
+interpreter's switch interval, 5 ms by default: each of its waits then costs up to that
+much (the convoy effect). While a background compile runs, the switch interval is at most
+`BACKGROUND_SWITCH_INTERVAL_S` (then restored, unless someone changed it meanwhile): on a
+2-core CPU, a loop step of four waits took 28-31 ms instead of 0.8-1.0 ms beside a
+background lowering at 5 ms, and 2.1-2.2 ms at 0.2 ms (`benchmarks/bench_gil_convoy.py`;
+BENCHMARKS.md, "A background compile and the serving loop").
 """
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
+import sys
 import threading
 from collections.abc import Callable
 
@@ -30,6 +42,7 @@ _lock = threading.Lock()
 _background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix=BACKGROUND_THREAD)
 _pending: dict[tuple, concurrent.futures.Future] = {}   # background compiles, by identity (failed ones stay)
 log = logging.getLogger("hicache_jax.transfer")
+BACKGROUND_SWITCH_INTERVAL_S = 0.0002   # the GIL switch interval while a background compile runs
 
 
 def shared_program(identity: tuple, label: str, jaxprs: dict, build: Callable[[], tuple]) -> jax.stages.Compiled:
@@ -68,9 +81,23 @@ def wait_background() -> None:
 
 def _compile_logged(identity: tuple, label: str, build: Callable[[], tuple]) -> None:
     try:
-        _compile(identity, label, build)
+        with _short_switch_interval():
+            _compile(identity, label, build)
     except Exception:
         log.exception("background compilation of %s failed; its loads keep moving without it", label)
+
+
+@contextlib.contextmanager
+def _short_switch_interval():
+    """The GIL switch interval at most BACKGROUND_SWITCH_INTERVAL_S inside (module docstring)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(min(before, BACKGROUND_SWITCH_INTERVAL_S))
+    short = sys.getswitchinterval()              # as the interpreter keeps it (whole microseconds)
+    try:
+        yield
+    finally:
+        if sys.getswitchinterval() == short:     # left as set: give the caller's value back
+            sys.setswitchinterval(before)
 
 
 def _compile(identity: tuple, label: str, build: Callable[[], tuple]) -> tuple[jax.stages.Compiled, object]:

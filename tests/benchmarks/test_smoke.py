@@ -185,3 +185,19 @@ def test_bench_hits_smoke(tmp_path):
             assert r["one_by_one"]["dispatches"] >= r["batch"] and r["hit_pages"] == r["batch"] * r["pages"]
             assert r["acquire_many"]["ratio"] > 0 and r["acquire_many"]["dispatches"] == 1, r
     assert {r["batch"] for r in runs if r["mode"] == "batched"} == {1, 4}
+
+
+def test_bench_gil_convoy_smoke(tmp_path):
+    result = run("bench_gil_convoy.py", tmp_path, "--intervals", "0.005,0.0002")
+    runs = result["runs"]
+    assert [(r["switch_interval_ms"], r["background_lowering"]) for r in runs] == \
+        [(5.0, False), (5.0, True), (0.2, False), (0.2, True)]
+    assert all(r["step_ms_p50"] > 0 for r in runs)
+    assert all(r["programs_lowered"] > 0 for r in runs if r["background_lowering"])
+
+
+@pytest.mark.parametrize("flags", [["--intervals", "0"], ["--intervals", "fast"], ["--steps", "0"]])
+def test_bench_gil_convoy_refuses_bad_flags(flags):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gil_convoy.py"), *flags],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and flags[0] in r.stderr.splitlines()[-1]

@@ -3,6 +3,9 @@ several requests' hits merged) runs as ONE program once that program is compiled
 first load of a shape moves by the per-chunk programs while the fused one compiles on the
 background thread; every later load of the shape runs it. Both paths move the same bytes
 and touch nothing outside the plan (`Harness.run` checks every page of both tiers)."""
+import sys
+
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -137,3 +140,32 @@ def test_an_early_copy_is_only_made_of_pieces_a_load_would_cut():
     assert not t.engine.copy_early("kv", across.size, lambda: across)
     t.run("load", {"kv": (np.arange(4), across)})
     assert not t.engine._early._pending
+
+
+def test_a_background_compile_shortens_the_gil_switch_interval_while_it_runs():
+    """A serving thread waits for the GIL up to the switch interval after each of its waits
+    while the background thread lowers a program (compile_cache's docstring)."""
+    seen = []
+
+    def build():
+        seen.append(sys.getswitchinterval())
+        return (lambda x: x + 1), (jnp.zeros((3,), jnp.int32),), (), None
+
+    compile_cache.wait_background()                                # none of another test's in flight
+    before = sys.getswitchinterval()
+    assert before > compile_cache.BACKGROUND_SWITCH_INTERVAL_S      # the interpreter's default, 5 ms
+    assert compile_cache.ready_program(("switch-interval test", before), "test:switch", {}, build) is None
+    compile_cache.wait_background()
+    assert seen == [pytest.approx(compile_cache.BACKGROUND_SWITCH_INTERVAL_S)]
+    assert sys.getswitchinterval() == before                        # given back afterwards
+    # a value someone sets meanwhile is kept
+    sys.setswitchinterval(0.001)
+    try:
+        def build_and_set():
+            sys.setswitchinterval(0.003)
+            return build()
+        compile_cache.ready_program(("switch-interval test 2", before), "test:switch2", {}, build_and_set)
+        compile_cache.wait_background()
+        assert sys.getswitchinterval() == pytest.approx(0.003)
+    finally:
+        sys.setswitchinterval(before)
