@@ -57,13 +57,16 @@ class EarlyCopies:
         if progs is None or not self.early(progs, num_pages) or (pages := host_pages()) is None:
             return False
         pages = np.asarray(pages)
-        if pages.ndim != 1 or not pages.size or not np.issubdtype(pages.dtype, np.integer) \
-                or pages.min() < 0 or pages.max() >= self.host.pages[allocator]:
+        if pages.ndim != 1 or pages.size != num_pages or not np.issubdtype(pages.dtype, np.integer):
             return False
-        pages = np.unique(pages)
-        if pages.size != num_pages:
+        first = int(pages[0])
+        if int(pages[-1]) - first + 1 == pages.size and (pages.size == 1 or (np.diff(pages) == 1).all()):
+            runs = [(first, pages.size)]   # one run, the usual hit: no sort (this is the copy's latency)
+        elif pages.min() < 0 or pages.max() >= self.host.pages[allocator] or np.unique(pages).size != pages.size:
             return False
-        return self._copy_runs(progs, [(r.host_start, r.length) for r in coalesce(pages)], self._pending)
+        else:
+            runs = [(r.host_start, r.length) for r in coalesce(np.sort(pages))]
+        return self._copy_runs(progs, runs, self._pending)
 
     def take(self, plan: TransferPlan) -> Copies:
         """The early copies a load plan may use: those `copy_early` started, and new ones for
@@ -92,11 +95,15 @@ class EarlyCopies:
         for start, n in runs:
             if not 0 <= start <= self.host.pages[allocator] - n:
                 return bool(calls)
-            segments = table.segments(start, n)
-            if len(segments) != 1 or segments[0][0] == NO_BLOCK:
-                continue                        # across blocks: pieces the copies would not match
-            block, row, length = segments[0]
-            array = table.arrays[block]
+            array = table.whole(start, n)     # the usual hit: one whole block (no segments to cut)
+            if array is not None:
+                row, length = 0, n
+            else:
+                segments = table.segments(start, n)
+                if len(segments) != 1 or segments[0][0] == NO_BLOCK:
+                    continue                    # across blocks: pieces the copies would not match
+                block, row, length = segments[0]
+                array = table.arrays[block]
             if row == 0 and length == block_rows(array) <= progs.chunk_pages:
                 wanted = [(id(array), lambda: progs.compiled(Program.COPY, length)(array))] \
                     if self.early(progs, length) else []

@@ -201,3 +201,13 @@ def test_bench_gil_convoy_refuses_bad_flags(flags):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_gil_convoy.py"), *flags],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and flags[0] in r.stderr.splitlines()[-1]
+
+
+def test_dispatch_ab_smoke(tmp_path):
+    result = run("dispatch_ab.py", tmp_path)
+    assert [r["pages"] for r in result["runs"]] == [1, 4]
+    for r in result["runs"]:
+        for tree in ("base", "this"):
+            calls = r["ms_from_acquire"][tree]
+            assert calls[-1]["call"] == "return" and len(calls) >= 2      # at least one program, then the return
+            assert [c["ms"] for c in calls] == sorted(c["ms"] for c in calls) and calls[0]["ms"] > 0

@@ -239,6 +239,7 @@ def test_large_one_block_loads_start_their_copy_early(name, tp):
     early = t.engine._early
     fetch = lambda pages: t.engine.copy_early(a, n, lambda: pages)
     assert not fetch(None) and not fetch(run[:-1]) and not fetch([[1]]) and not fetch(run + 10 ** 6)
+    assert not fetch(run - 10 ** 6) and not fetch(np.r_[run[1:], run[1]]) and not fetch(run.astype(float))
     assert not t.engine.copy_early("nope", n, lambda: run) and not early._pending
     early.early_bytes = 10 ** 12                                  # too small a load: never asked for its pages
     assert not t.engine.copy_early(a, n, lambda: pytest.fail("pages of a small load"))
