@@ -144,7 +144,13 @@ class Hits:
                                                                              self.times[name])), 4),
                 "dispatches": int(statistics.median(rec["dispatches"])) if rec else None,
                 "compiles": sum(rec.get("compiles", [])), "loaded_bytes": max(rec.get("loaded_bytes", [0])),
-                "programs": rec.get("programs", [])}
+                "programs": rec.get("programs", []),
+                # host time (ms): to the first transfer program's call, and until the call returned
+                "first_call_ms": _median_ms(rec.get("first_call_s")), "returned_ms": _median_ms(rec.get("returned_s"))}
+
+
+def _median_ms(seconds: list[float] | None) -> float | None:
+    return round(statistics.median(seconds) * 1e3, 4) if seconds else None
 
 
 # -- the modes: each runs its rounds on `h` and returns its own fields of the row -----------------------

@@ -174,11 +174,14 @@ class Probe:
     def __init__(self, cache: hc.HiCache):
         self.cache, self.keep = cache, True
         self.labels: list[str] = []
+        self.first_call = 0.0
         self.compiles = hc.CompileCounter()
         self.seen: dict[str, dict[str, list]] = {}
         cache.on_program_call(self._hook)
 
     def _hook(self, label, program, *args):
+        if not self.labels:
+            self.first_call = clock()
         self.labels.append(label)
         return program(*args)
 
@@ -190,10 +193,15 @@ class Probe:
         self.compiles.reset()
         t = clock()
         out = call()
+        returned = clock()
         jax.block_until_ready(self.cache.device_pools)
         took = clock() - t
         if self.keep:
-            rec = self.seen.setdefault(name, {"dispatches": [], "compiles": [], "loaded_bytes": [], "programs": []})
+            rec = self.seen.setdefault(name, {"dispatches": [], "compiles": [], "loaded_bytes": [], "programs": [],
+                                              "first_call_s": [], "returned_s": []})
+            if self.labels:     # host time: to the first transfer program's call, and until `call` returned
+                rec["first_call_s"].append(self.first_call - t)
+            rec["returned_s"].append(returned - t)
             rec["dispatches"].append(len(self.labels))
             rec["compiles"].append(self.compiles.count)
             rec["loaded_bytes"].append(counted(self.cache, "load_bytes") - loaded)

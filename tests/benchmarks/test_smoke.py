@@ -173,6 +173,8 @@ def test_bench_hits_smoke(tmp_path):
         # one device: after warm-up every hit, whole blocks or pieces of several, runs ONE program
         assert r["dispatches"] == 1 or r["mode"] == "batched", r
         assert r["compiles_in_timed_calls"] == 0, r
+        side = r.get("hit") or r.get("acquire_many")      # host time: the first program call, then the return
+        assert 0 < side["first_call_ms"] <= side["returned_ms"] <= side["ms"], side
         if r["mode"] == "write_back_batch":      # one backup batch of 4 prompts; the hit is a quarter of it
             assert r["backup_transfers"] == 1 and r["backed_up_pages"] == 4 * r["hit_pages"]
         if r["mode"] == "shared_prompt":         # one node backed up; the hit is its first half
