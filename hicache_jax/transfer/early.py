@@ -59,14 +59,12 @@ class EarlyCopies:
         pages = np.asarray(pages)
         if pages.ndim != 1 or pages.size != num_pages or not np.issubdtype(pages.dtype, np.integer):
             return False
-        first = int(pages[0])
-        if int(pages[-1]) - first + 1 == pages.size and (pages.size == 1 or (np.diff(pages) == 1).all()):
-            runs = [(first, pages.size)]   # one run, the usual hit: no sort (this is the copy's latency)
-        elif pages.min() < 0 or pages.max() >= self.host.pages[allocator] or np.unique(pages).size != pages.size:
+        if (np.diff(pages) == 1).all():   # one run, the usual hit: no sort (this is the copy's latency)
+            return self._copy_runs(progs, [(int(pages[0]), pages.size)], self._pending)
+        pages = np.unique(pages)
+        if pages.size != num_pages or pages[0] < 0 or pages[-1] >= self.host.pages[allocator]:
             return False
-        else:
-            runs = [(r.host_start, r.length) for r in coalesce(np.sort(pages))]
-        return self._copy_runs(progs, runs, self._pending)
+        return self._copy_runs(progs, [(r.host_start, r.length) for r in coalesce(pages)], self._pending)
 
     def take(self, plan: TransferPlan) -> Copies:
         """The early copies a load plan may use: those `copy_early` started, and new ones for
