@@ -231,3 +231,28 @@ def test_probe_host_reads_refuses_bad_flags(flags):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_host_reads.py"), *flags],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and flags[0] in r.stderr.splitlines()[-1]
+
+
+def test_decode_table_reproduces_the_published_rows(tmp_path):
+    """The H200 suite's results of 2026-12-04 (a2dfb05) give the rows BENCHMARKS.md shows."""
+    cases = json.loads((ROOT / "benchmarks" / "results" / "gpu_suite_h200.json").read_text())["results"]
+    lines = tmp_path / "decode_gpu.jsonl"
+    lines.write_text("".join(json.dumps(c) + "\n" for c in cases))
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_table.py"), str(lines),
+                        "--out", str(tmp_path / "rows.json")], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    table = r.stdout.splitlines()
+    assert len(table) == 2 + len(cases)
+    assert "| tiny_v4 | 9090 | 8/32 | write_through | blocking | yes | 0 | 0 | 5.7 / 7.9 / 7.9 | 1.38 | 5.6 | 5.2 |" \
+        in [line.replace("tiny-v4", "tiny_v4") for line in table]
+    rows = json.loads((tmp_path / "rows.json").read_text())
+    assert sum(not row["identical"] for row in rows) == 10         # every grouped row of that commit
+    assert all(row["ttft_ms"]["median"] <= row["ttft_ms"]["p99"] <= row["ttft_ms"]["max"] for row in rows)
+
+
+def test_decode_table_refuses_an_empty_file(tmp_path):
+    empty = tmp_path / "none.jsonl"
+    empty.write_text("\n")
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_table.py"), str(empty)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and str(empty) in r.stderr.splitlines()[-1]

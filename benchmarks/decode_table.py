@@ -1,0 +1,83 @@
+"""The decode matrix's table for BENCHMARKS.md, from the JSON lines the GPU suite writes.
+
+`tests/gpu/test_decode_gpu.py` appends each case's JSON (examples/decode.py's last line, with
+the case's seed, pages and layer groups) to the file `HICACHE_GPU_RESULTS` names; `.ci/gpu
+suite` sets it. Per case this prints whether it was identical, what it compiled while
+serving, how many deferred loads the step landed, and the cached run's TTFT (median, p99,
+max and max / median over every request; p99 by rank, the
+request at or above 99 % of them), with the host-hit requests' median TTFT in the
+cached and in the recompute run.
+
+    python benchmarks/decode_table.py benchmarks/results/gpu/decode_gpu.jsonl
+    python benchmarks/decode_table.py RESULTS.jsonl --out table.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import sys
+
+import numpy as np
+
+COLUMNS = ("config", "seed", "device/host pages", "write policy", "layer groups", "identical",
+           "compiles while serving", "landed by the step", "TTFT median / p99 / max", "max / median",
+           "host hits: cache median", "same requests, recompute median")
+
+
+def summarise(case: dict) -> dict:
+    """One table row's values from one case's JSON line."""
+    cached, recompute = case["ttft_ms_cache"], case["ttft_ms_recompute"]
+    hits = [i for i, h in enumerate(case["host_hit_per_request"]) if h > 0]
+    median = statistics.median(cached)
+    return {
+        "config": case["config"], "seed": case["seed"], "device_pages": case["device_pages"],
+        "host_pages": case["host_pages"], "write_policy": case["write_policy"],
+        "layer_groups": case["layer_groups"], "identical": case["identical"],
+        "compiles_while_serving": case["compiles_while_serving"],
+        "landed_by_step": case.get("deferred_loads", {}).get("step", 0),
+        "ttft_ms": {"median": median, "p99": float(np.percentile(cached, 99, method="higher")), "max": max(cached)},
+        "max_over_median": max(cached) / median,
+        "host_hit_requests": len(hits),
+        "host_hit_ttft_ms_median": {"cache": statistics.median(cached[i] for i in hits) if hits else None,
+                                    "recompute": statistics.median(recompute[i] for i in hits) if hits else None},
+    }
+
+
+def markdown(rows: list[dict]) -> str:
+    def ms(v):
+        return "—" if v is None else f"{v:.1f}"
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 6 + "---:|" * 2 + "---|" + "---:|" * 3]
+    for r in rows:
+        t, h = r["ttft_ms"], r["host_hit_ttft_ms_median"]
+        lines.append("| " + " | ".join(map(str, (
+            r["config"], r["seed"], f"{r['device_pages']}/{r['host_pages']}", r["write_policy"],
+            "blocking" if r["layer_groups"] is None else r["layer_groups"],
+            "yes" if r["identical"] else "**no**", r["compiles_while_serving"], r["landed_by_step"],
+            f"{t['median']:.1f} / {t['p99']:.1f} / {t['max']:.1f}", f"{r['max_over_median']:.2f}",
+            ms(h["cache"]), ms(h["recompute"])))) + " |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=pathlib.Path, help="the JSON lines file HICACHE_GPU_RESULTS named")
+    ap.add_argument("--out", type=pathlib.Path, default=None, help="also write the rows as JSON here")
+    args = ap.parse_args(argv)
+    try:
+        cases = [json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]
+    except (OSError, json.JSONDecodeError) as e:
+        ap.error(f"cannot read {args.results}: {e}")
+    if not cases:
+        ap.error(f"{args.results} holds no case")
+    order = lambda c: (c["config"], c["seed"], c["write_policy"], -1 if c["layer_groups"] is None else c["layer_groups"])
+    rows = [summarise(c) for c in sorted(cases, key=order)]
+    print(markdown(rows))
+    if args.out is not None:
+        args.out.write_text(json.dumps(rows, indent=1))
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main() and 0)
