@@ -11,14 +11,17 @@ rows, without the cache around them, so that one run on a GPU says which to buil
     whole_array_jit   the same array moved inside a jit (`device_put(h, Space.Device)`)
     dynamic_slice     a slice of the block at a traced start, moved inside a jit (the engine's way today)
     static_slice      the same slice at a start fixed when the program is compiled
-    block_then_slice  the whole block moved inside a jit, then sliced on the device (moves more bytes)
+    block_then_slice  the whole block moved inside a jit, then sliced on the device (moves more bytes:
+                      worth it only where the block is not much larger than the rows)
     split_slices      the slice as four dynamic slices, moved and joined on the device
     granules_G        the block kept as arrays of G rows; the arrays that hold the rows are moved
                       whole inside one jit and joined on the device (G = each of --granules)
     list_put_G        the same arrays moved by one `jax.device_put` of a list, then joined by a jit
 
-Each round times every way once, in a rotating order, and a contiguous copy of the same
-bytes beside it; the ratio is contiguous ms / way ms (1.0: as fast as the link allows), the
+Each row count is read from blocks of each --block-rows at least twice its size (the
+shared prompt of a two-page conversation is half of a two-row block). Each round times
+every way once, in a rotating order, and a contiguous copy of the same bytes beside it;
+the ratio is contiguous ms / way ms (1.0: as fast as the link allows), the
 median over rounds. Every way's rows are checked equal to the block's. The optimized HLO of
 each jitted way is summarised (how many async copies, dynamic slices, fusions it has) and,
 with --hlo-dir, written out: it says whether XLA moved the rows by DMA or read host memory
@@ -72,7 +75,8 @@ def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--row-bytes", type=positive, default=998_208,
                     help="bytes per row, a multiple of 4 (default: a V4-Flash kv page, 998,208 B)")
-    ap.add_argument("--block-rows", type=positive, default=512, help="rows of the host block the rows are read from")
+    ap.add_argument("--block-rows", type=count_list, default=[2, 32, 512],
+                    help="rows of the host blocks read from, comma-separated: each with every --rows at most half of it")
     ap.add_argument("--rows", type=count_list, default=[1, 16, 256], help="rows read per load, comma-separated")
     ap.add_argument("--granules", type=count_list, default=[1, 16],
                     help="rows per array for the granules_G and list_put_G ways, comma-separated")
@@ -83,12 +87,17 @@ def parse(argv=None) -> argparse.Namespace:
                     help="result JSON (default: benchmarks/results/probe_host_reads.json, or $OUT)")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.row_bytes, args.block_rows, args.rows, args.granules, args.rounds = 4096, 64, [1, 16], [1, 8], 2
+        args.row_bytes, args.block_rows, args.rows, args.granules, args.rounds = 4096, [2, 64], [1, 16], [1, 8], 2
     if args.row_bytes % 4:
         ap.error(f"--row-bytes must be a multiple of 4; got {args.row_bytes}")
-    if max(args.rows) * 2 > args.block_rows:
-        ap.error(f"--block-rows must be at least twice the largest --rows; got {args.block_rows} and {max(args.rows)}")
+    if not pairs(args):
+        ap.error(f"no --rows is at most half of a --block-rows; got {args.rows} and {args.block_rows}")
     return args
+
+
+def pairs(args) -> list[tuple[int, int]]:
+    """(block rows, rows read) of every run: each block with every row count at most half of it."""
+    return [(r, n) for r in args.block_rows for n in args.rows if 2 * n <= r]
 
 
 class Ways:
@@ -147,7 +156,8 @@ def timed(fn: Callable[[], jax.Array]) -> tuple[float, jax.Array]:
 
 
 def probe(block: jax.Array, expected: np.ndarray, n: int, args, device_sharding) -> dict:
-    start = args.block_rows // 2 - (args.block_rows // 2) % max(n, 1)       # inside the block, aligned to n
+    rows = block.shape[0]
+    start = rows // 2 - (rows // 2) % n                   # inside the block, aligned to n
     ways = Ways(block, n, start, args.granules, device_sharding)
     want = expected[start:start + n]
     for name, way in ways.ways.items():                   # warm up (compile) and check the bytes
@@ -171,8 +181,8 @@ def probe(block: jax.Array, expected: np.ndarray, n: int, args, device_sharding)
     if args.hlo_dir is not None:
         args.hlo_dir.mkdir(parents=True, exist_ok=True)
         for name, text in ways.hlo.items():
-            (args.hlo_dir / f"{name}_{n}rows.hlo.txt").write_text(text)
-    return {"rows": n, "start": start, "bytes": n * args.row_bytes,
+            (args.hlo_dir / f"{name}_{n}of{rows}rows.hlo.txt").write_text(text)
+    return {"block_rows": rows, "rows": n, "start": start, "bytes": n * args.row_bytes,
             "ways": {w: {"ms_p50": statistics.median(ms[w]),
                          **({"ratio_p50": statistics.median(ratios[w])} if w in ratios else {}),
                          **({"hlo": hlo_summary(ways.hlo[w])} if w in ways.hlo else {})}
@@ -185,24 +195,25 @@ def main(argv=None) -> dict:
     host_sharding = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
     device_sharding = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
     words = args.row_bytes // 4
-    expected = np.random.default_rng(0).integers(0, 2**32, (args.block_rows, words), dtype=np.uint32)
-    block = jax.device_put(expected, host_sharding)
+    rng = np.random.default_rng(0)
     runs = []
-    for n in args.rows:
-        run = probe(block, expected, n, args, device_sharding)
+    for rows, n in pairs(args):
+        expected = rng.integers(0, 2**32, (rows, words), dtype=np.uint32)
+        run = probe(jax.device_put(expected, host_sharding), expected, n, args, device_sharding)
         runs.append(run)
-        print(f"{n:5d} rows ({run['bytes'] / 1e6:8.1f} MB): " + ", ".join(
+        print(f"{n:5d} of {rows:5d} rows ({run['bytes'] / 1e6:8.1f} MB): " + ", ".join(
             f"{w} {v['ms_p50']:.3f} ms" + (f" ({v['ratio_p50']:.2f})" if "ratio_p50" in v else "")
             for w, v in run["ways"].items()), file=sys.stderr)
     result = {"device": device.device_kind, "platform": device.platform, "jax": jax.__version__,
-              "row_bytes": args.row_bytes, "block_rows": args.block_rows, "rounds": args.rounds,
+              "row_bytes": args.row_bytes, "rounds": args.rounds,
               "exact": True, "runs": runs}
     out = args.out or default_out("probe_host_reads.json", args.smoke)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     print(json.dumps({"device": result["device"], "jax": result["jax"], "exact": True,
-                      "ratios": {r["rows"]: {w: round(v["ratio_p50"], 3) for w, v in r["ways"].items()
-                                             if "ratio_p50" in v} for r in runs}}))
+                      "ratios": {f"{r['rows']}/{r['block_rows']}": {w: round(v["ratio_p50"], 3)
+                                                                    for w, v in r["ways"].items() if "ratio_p50" in v}
+                                 for r in runs}}))
     return result
 
 

@@ -217,16 +217,16 @@ def test_dispatch_ab_smoke(tmp_path):
 
 def test_probe_host_reads_smoke(tmp_path):
     result = run("probe_host_reads.py", tmp_path, "--hlo-dir", str(tmp_path / "hlo"))
-    assert result["exact"] and [r["rows"] for r in result["runs"]] == [1, 16]
-    ways = result["runs"][1]["ways"]
+    assert result["exact"] and [(r["block_rows"], r["rows"]) for r in result["runs"]] == [(2, 1), (64, 1), (64, 16)]
+    ways = result["runs"][2]["ways"]
     assert {"contiguous", "dynamic_slice", "static_slice", "block_then_slice", "split_slices",
             "granules_1", "granules_8", "list_put_8"} <= set(ways)
     assert all(w["ms_p50"] > 0 for w in ways.values())
     assert ways["split_slices"]["hlo"]["dynamic_slice"] >= 4        # the summary counts what XLA emitted
-    assert (tmp_path / "hlo" / "dynamic_slice_16rows.hlo.txt").read_text().strip()
+    assert (tmp_path / "hlo" / "dynamic_slice_16of64rows.hlo.txt").read_text().strip()
 
 
-@pytest.mark.parametrize("flags", [["--rows", "0"], ["--row-bytes", "6"], ["--rows", "40", "--block-rows", "64"]])
+@pytest.mark.parametrize("flags", [["--rows", "0"], ["--row-bytes", "6"], ["--rows", "40", "--block-rows", "64,16"]])
 def test_probe_host_reads_refuses_bad_flags(flags):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_host_reads.py"), *flags],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
