@@ -54,7 +54,8 @@ class DevicePools:
         """Raise ValueError naming the pool and the problem unless `pools` is exactly right.
 
         Checks the set of names (no missing or extra pool), and each array's type, shape,
-        dtype, sharding and liveness (a donated array is deleted).
+        dtype, sharding and liveness (a donated array is deleted). Arrays that passed (or
+        that `made` recorded) are checked again only for liveness.
         """
         if isinstance(pools, Mapping) and len(pools) == len(self._made) == len(self.specs) and all(
                 (a := pools.get(name)) is not None and ref() is a and not a.is_deleted()
@@ -71,6 +72,7 @@ class DevicePools:
             raise ValueError(f"device pools have unexpected {extra} (expected exactly {expected})")
         for spec, shape, sharding in self._expected:
             _check_array(spec, pools[spec.name], shape, sharding)
+        self.made(pools)     # checked whole: a step's pools are checked once, not at every call
 
 
 def checked_page_counts(layout: PoolLayout, pages: Mapping[str, int], what: str, minimum: int = 1) -> dict[str, int]:

@@ -111,6 +111,35 @@ def test_pools_a_load_returned_are_checked_again_when_they_come_back(v4):
         engine.start(load, pools)
 
 
+def test_pools_a_step_returned_are_checked_whole_once_then_for_liveness(v4, monkeypatch):
+    """A model step's outputs pass the whole check once (when the loop hands them back), are
+    then trusted by identity, and a bad or deleted array after them is still refused."""
+    from hicache_jax.pools import device_pools
+    _, engine = v4
+    step = jax.jit(lambda pools: {k: v + 0 for k, v in pools.items()})
+    pools = step(engine.init_device_pools())
+    c4 = "deepseek_v4_c4"
+    checked, real = [], device_pools._check_array
+
+    def counting(spec, *rest):
+        checked.append(spec.name)
+        real(spec, *rest)
+    monkeypatch.setattr(device_pools, "_check_array", counting)
+    engine.check_device_pools(pools)
+    assert sorted(checked) == sorted(pools)          # every array checked whole, once
+    engine.check_device_pools(dict(pools))           # the same arrays in a new mapping: liveness only
+    assert len(checked) == len(pools)
+    for bad, message in [({**pools, c4: pools[c4][:, :4]}, "has shape"),
+                         ({**pools, c4: pools[c4].astype(jnp.int8)}, "has dtype"),
+                         ({**pools, "extra": pools[c4]}, "unexpected")]:
+        with pytest.raises(ValueError, match=message):
+            engine.check_device_pools(bad)
+    engine.check_device_pools(pools)                 # still good after the refusals
+    pools[c4].delete()
+    with pytest.raises(ValueError, match="deleted"):
+        engine.check_device_pools(pools)
+
+
 def test_constructor_rejects_impossible_configurations():
     layout = layout_of("tiny_v4")
     with pytest.raises(ValueError, match="host_memory_limit_bytes = 64.00 GiB"):
