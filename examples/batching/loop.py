@@ -62,6 +62,7 @@ class Run:
     phase_s: dict[str, float]       # wall time per part of the steps (PHASES)
     background_compiles: int        # fused load programs compiled on the engine's thread meanwhile
     background_compile_s: float     # their XLA compile time (tracing and lowering not included)
+    program_calls: dict[str, int]   # transfer programs the cache ran, by kind ("plan:load_pieces": fused loads)
 
 
 def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: frozenset[int] = frozenset(),
@@ -79,6 +80,12 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     clock, done, t_start = 0.0, 0, time.perf_counter()
     phases = dict.fromkeys(PHASES, 0.0)
     compiles = hc.CompileCounter()
+    program_calls = collections.Counter()
+
+    def count(label, program, *args):             # the cache's transfer programs, by kind
+        program_calls[label.split("[")[0]] += 1
+        return program(*args)
+    calls.cache.on_program_call(count)
     while pending or sched.busy:
         if not sched.busy:
             clock = max(clock, pending[0].arrival_s)        # idle: the next arrival comes
@@ -112,10 +119,12 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     bar.update(done, 0, 0, clock, force=True)
     bar.close()
     calls.cache.drain()
+    calls.cache.on_program_call(None)
     calls.cache.check_invariants()
     seqs.sort(key=lambda s: s.job.index)
     return Run(calls.kind, seqs, steps, sched.preemptions, sched.refused_admissions, calls.cache.stats(),
-               time.perf_counter() - t_start, phases, compiles.background, compiles.background_s)
+               time.perf_counter() - t_start, phases, compiles.background, compiles.background_s,
+               dict(sorted(program_calls.items())))
 
 
 def warm_up(model, cache: hc.HiCache, max_batch: int, sample_rows: int) -> None:

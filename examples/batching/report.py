@@ -14,6 +14,8 @@ import numpy as np
 from examples.batching.loop import Run
 from examples.batching.sequence import TIERS
 
+FUSED_LOAD = "plan:load_pieces"    # the label of a load's one fused program (hicache_jax.transfer.plan_programs)
+
 
 def percentiles_ms(seconds: list[float]) -> dict[str, float]:
     """{p50, p90, p99, mean} in milliseconds (zeros when there is nothing to measure)."""
@@ -57,6 +59,8 @@ def summarize(run: Run) -> dict:
         "phase_s": {phase: round(spent, 3) for phase, spent in run.phase_s.items()},
         "background_compiles": run.background_compiles,
         "background_compile_s": round(run.background_compile_s, 3),
+        "fused_loads": run.program_calls.get(FUSED_LOAD, 0),
+        "program_calls": run.program_calls,
     }
 
 

@@ -85,9 +85,10 @@ class TransferConfig:
     of at least `early_copy_bytes` starts its copy before the plan is checked. A load that
     gathers pieces of several host blocks gets a program of its own (one dispatch) once its
     shape has been seen `fuse_after` times: it compiles on a background thread from then
-    on (0: never). Under traffic most such shapes come once (BENCHMARKS.md, "Fused loads
-    under a trace": 24 of 26 shapes in two replays), and a compilation nobody uses takes
-    host CPU (and the GIL, while it traces) from the serving loop.
+    on (0: never). Under traffic most such shapes come once or twice, and none came four
+    times in three replays of up to 200 requests (BENCHMARKS.md, "Fused loads under a
+    trace"); a compilation nobody uses takes host CPU and the GIL (while it traces and
+    lowers: about 0.45 s per program with the Mosaic GPU kernels) from the serving loop.
     """
 
     max_staging_bytes: int = 512 << 20          # device staging per allocator; bounds a chunk
@@ -99,7 +100,7 @@ class TransferConfig:
     host_memory_limit_bytes: int | None = None  # default: XLA's pinned pool cap (`xla_pinned_limit_bytes`)
     kernels: str = "auto"                       # pack/unpack kernels: a name of `pallas_kernels.IMPLS`
     block_bytes: int | None = None              # bytes one kernel copy moves (default: the backend's)
-    fuse_after: int = 2                         # loads of one shape of pieces before its program compiles
+    fuse_after: int = 4                         # loads of one shape of pieces before its program compiles
 
     def __post_init__(self):
         check = _Checker(self)

@@ -55,6 +55,10 @@ def assert_served_well(result: dict, requests: int) -> None:
         {"device_to_host": 0, "host_to_device": 0}
     assert runs["no_cache"]["hit_tokens"] == {"device": 0, "host": 0, "storage": 0}
     assert runs["no_cache"]["computed_tokens"] > runs["hicache"]["computed_tokens"]
+    loads = runs["hicache"]["program_calls"]     # its host hits moved by the cache's programs, counted by kind
+    assert sum(v for k, v in loads.items() if "load" in k or "unpack" in k) > 0
+    assert runs["hicache"]["fused_loads"] == loads.get("plan:load_pieces", 0) <= sum(loads.values())
+    assert runs["no_cache"]["program_calls"] == {} and runs["no_cache"]["fused_loads"] == 0
     for name in ("hicache", "device_only", "no_cache"):
         assert runs[name]["output_tokens"] == runs["hicache"]["output_tokens"]
         phases = runs[name]["phase_s"]     # the step's parts add up to the time the steps took
@@ -91,6 +95,7 @@ def test_a_trace_it_has_not_seen_and_more_requests_compile_nothing(capsys, tmp_p
     code, few = run(capsys, *common, "--limit", "6", "--fuse-after", "0")     # and no fused load program
     assert code == 0 and few["identical"] and few["compiles_while_serving"] == 0
     assert few["fuse_after"] == 0 and few["runs"]["hicache"]["background_compiles"] == 0
+    assert few["runs"]["hicache"]["fused_loads"] == 0 and few["runs"]["hicache"]["program_calls"]
     png = tmp_path / "conversations.png"
     code, result = run(capsys, *common, "--plot", str(png))
     assert code == 0
