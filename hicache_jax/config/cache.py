@@ -85,10 +85,10 @@ class TransferConfig:
     of at least `early_copy_bytes` starts its copy before the plan is checked. A load that
     gathers pieces of several host blocks gets a program of its own (one dispatch) once its
     shape has been seen `fuse_after` times: it compiles on a background thread from then
-    on (0: never). Under traffic most such shapes come once or twice, and none came four
-    times in three replays of up to 200 requests (BENCHMARKS.md, "Fused loads under a
-    trace"); a compilation nobody uses takes host CPU and the GIL (while it traces and
-    lowers: about 0.45 s per program with the Mosaic GPU kernels) from the serving loop.
+    on (0: never). Under traffic most such shapes come once or twice; in a 200-request
+    replay none came four times (BENCHMARKS.md, "Fused loads under a trace"). A
+    compilation nobody uses takes host CPU and the GIL (while it traces and lowers: about
+    0.45 s per program with the Mosaic GPU kernels) from the serving loop.
     """
 
     max_staging_bytes: int = 512 << 20          # device staging per allocator; bounds a chunk
