@@ -104,12 +104,13 @@ class Ways:
     """The ways to read `n` rows at `start` of a host block (module docstring), each a
     callable returning the rows on the device, and the HLO of the jitted ones."""
 
-    def __init__(self, block: jax.Array, n: int, start: int, granules: list[int], device_sharding):
+    def __init__(self, block: jax.Array, values: np.ndarray, n: int, start: int, granules: list[int],
+                 device_sharding):
         self.n, self.start = n, start
         self.hlo: dict[str, str] = {}
-        host = block.sharding
+        host = block.sharding         # host arrays are made from `values` (the block's), never by slicing on the host
         stop = start + n
-        self.rows = jax.device_put(block[start:stop], host)        # the same rows, their own host array
+        self.rows = jax.device_put(values[start:stop], host)       # the same rows, their own host array
         index = jax.device_put(np.array([start], np.int32), device_sharding)
         ways: dict[str, Callable[[], jax.Array]] = {
             "contiguous": lambda: jax.device_put(self.rows, device_sharding)}
@@ -129,7 +130,7 @@ class Ways:
         for g in granules:
             if g > n or n % g or start % g:
                 continue
-            arrays = [jax.device_put(block[lo:lo + g], host) for lo in range(start, stop, g)]
+            arrays = [jax.device_put(values[lo:lo + g], host) for lo in range(start, stop, g)]
             join = jnp.concatenate if len(arrays) > 1 else (lambda a: a[0])
             ways[f"granules_{g}"] = self._jit(
                 f"granules_{g}", lambda *hs: join([jax.device_put(h, _DEVICE) for h in hs]), *arrays)
@@ -158,7 +159,7 @@ def timed(fn: Callable[[], jax.Array]) -> tuple[float, jax.Array]:
 def probe(block: jax.Array, expected: np.ndarray, n: int, args, device_sharding) -> dict:
     rows = block.shape[0]
     start = rows // 2 - (rows // 2) % n                   # inside the block, aligned to n
-    ways = Ways(block, n, start, args.granules, device_sharding)
+    ways = Ways(block, expected, n, start, args.granules, device_sharding)
     want = expected[start:start + n]
     for name, way in ways.ways.items():                   # warm up (compile) and check the bytes
         for _ in range(2):
