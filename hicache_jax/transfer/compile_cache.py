@@ -7,8 +7,9 @@ program is traced once here and checked: it never computes on host memory.
 
 Most programs are compiled where they are first needed, or ahead by `warmup`. A program
 whose shapes are too many to compile ahead (a load that fuses pieces of several blocks,
-`FusedLoads`) is compiled on a background thread instead (`ready_program`): the load that
-first needs it moves by programs compiled already, and the next load of its shape runs it.
+`PlanPrograms.ready_load`) is compiled on a background thread instead (`ready_program`):
+the load that asks for it moves by programs compiled already, and the loads of its shape
+after the compilation has finished run it.
 
 Tracing and lowering a program is Python that holds the GIL for up to a second (a Mosaic
 GPU kernel call takes about 0.25 s to lower). A serving thread gives the GIL up at every
