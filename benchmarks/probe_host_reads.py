@@ -87,7 +87,7 @@ def parse(argv=None) -> argparse.Namespace:
                     help="result JSON (default: benchmarks/results/probe_host_reads.json, or $OUT)")
     args = ap.parse_args(argv)
     if args.smoke:
-        args.row_bytes, args.block_rows, args.rows, args.granules, args.rounds = 4096, [2, 64], [1, 16], [1, 8], 2
+        args.row_bytes, args.block_rows, args.rows, args.granules, args.rounds = 4096, [2, 64], [1, 16], [1, 8, 16], 2
     if args.row_bytes % 4:
         ap.error(f"--row-bytes must be a multiple of 4; got {args.row_bytes}")
     if not pairs(args):
@@ -131,10 +131,9 @@ class Ways:
             if g > n or n % g or start % g:
                 continue
             arrays = [jax.device_put(values[lo:lo + g], host) for lo in range(start, stop, g)]
-            join = jnp.concatenate if len(arrays) > 1 else (lambda a: a[0])
             ways[f"granules_{g}"] = self._jit(
-                f"granules_{g}", lambda *hs: join([jax.device_put(h, _DEVICE) for h in hs]), *arrays)
-            joined = jax.jit(lambda *xs: join(list(xs)))
+                f"granules_{g}", lambda *hs: _join([jax.device_put(h, _DEVICE) for h in hs]), *arrays)
+            joined = jax.jit(lambda *xs: _join(xs))
             ways[f"list_put_{g}"] = (lambda arrays=arrays, joined=joined:
                                      joined(*jax.device_put(arrays, device_sharding)))
         self.ways = ways
@@ -143,6 +142,11 @@ class Ways:
         compiled = jax.jit(fn).lower(*args).compile()
         self.hlo[name] = compiled.as_text() or ""
         return lambda: compiled(*args)
+
+
+def _join(parts) -> jax.Array:
+    """Arrays of rows, one after the other (one array: itself)."""
+    return jnp.concatenate(list(parts)) if len(parts) > 1 else parts[0]
 
 
 def hlo_summary(text: str) -> dict[str, int]:
