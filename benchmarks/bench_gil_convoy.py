@@ -32,6 +32,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from flags import number_list  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 from hicache_jax.transfer.compile_cache import BACKGROUND_SWITCH_INTERVAL_S  # noqa: E402
 
@@ -87,6 +88,7 @@ def measure(interval: float, background: bool, steps: int, ops: int) -> dict:
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--intervals", default=f"0.005,0.001,{BACKGROUND_SWITCH_INTERVAL_S}",
+                    type=number_list(float, lambda v: 0 < v <= 1, "switch intervals in (0, 1] seconds"),
                     help="GIL switch intervals to try, in seconds, comma-separated (default: the "
                          "interpreter's 5 ms, 1 ms and the engine's value during a background compile)")
     ap.add_argument("--steps", type=int, default=200, help="loop steps timed per measurement (default: 200)")
@@ -95,12 +97,7 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="a few steps, one turn (seconds)")
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/gil_convoy.json)")
     args = ap.parse_args()
-    try:
-        intervals = [float(v) for v in args.intervals.split(",")]
-    except ValueError:
-        ap.error(f"--intervals must be seconds separated by commas, got {args.intervals!r}")
-    if not intervals or any(not 0 < v <= 1 for v in intervals):
-        ap.error(f"--intervals must each be in (0, 1] seconds, got {args.intervals!r}")
+    intervals = args.intervals
     for name in ("steps", "repeats", "ops"):
         if getattr(args, name) < 1:
             ap.error(f"--{name} must be >= 1, got {getattr(args, name)}")

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import hicache_jax  # noqa: E402
 from bench_api import insert_prefix, make_cache  # noqa: E402
+from flags import count, number_list  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 from tree_ab import load_base  # noqa: E402
 
@@ -102,17 +103,13 @@ def main():
     ap.add_argument("--base", default="HEAD", help="git revision to compare with, or a directory holding its "
                                                    "hicache_jax (default: HEAD)")
     ap.add_argument("--configs", default="deepseek_v4_flash", help="comma-separated configs (default: deepseek_v4_flash)")
-    ap.add_argument("--pages", default="1,16,256", help="comma-separated prefix sizes in pages (default: 1,16,256)")
-    ap.add_argument("--rounds", type=int, default=50, help="timed rounds per size (default: 50)")
+    ap.add_argument("--pages", default="1,16,256", type=number_list(),
+                    help="comma-separated prefix sizes in pages (default: 1,16,256)")
+    ap.add_argument("--rounds", type=count, default=50, help="timed rounds per size (default: 50)")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, 1 and 4 pages, 5 rounds (seconds)")
     ap.add_argument("--out", default=None, help="JSON path (default: benchmarks/results/dispatch_ab.json)")
     args = ap.parse_args()
-    try:
-        pages = [int(p) for p in args.pages.split(",")]
-    except ValueError:
-        ap.error(f"--pages must be integers separated by commas, got {args.pages!r}")
-    if any(p < 1 for p in pages) or args.rounds < 1:
-        ap.error(f"--pages and --rounds must be >= 1, got {args.pages!r} and {args.rounds}")
+    pages = args.pages
     configs = args.configs.split(",")
     if args.smoke:
         configs, pages, args.rounds = ["tiny_v4"], [1, 4], 5

@@ -47,6 +47,7 @@ import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from flags import count, number_list  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 _DEVICE = jax.memory.Space.Device
@@ -54,33 +55,16 @@ HLO_MARKERS = {"copy_start": r"\bcopy-start\b", "dynamic_slice": r"\bdynamic-sli
                "fusion": r"\bfusion\(", "custom_call": r"\bcustom-call\(", "host_space": r"S\(5\)"}
 
 
-def count_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated counts; got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected counts >= 1; got {text!r}")
-    return values
-
-
-def positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a count >= 1; got {text!r}")
-    return value
-
-
 def parse(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--row-bytes", type=positive, default=998_208,
+    ap.add_argument("--row-bytes", type=count, default=998_208,
                     help="bytes per row, a multiple of 4 (default: a V4-Flash kv page, 998,208 B)")
-    ap.add_argument("--block-rows", type=count_list, default=[2, 32, 512],
+    ap.add_argument("--block-rows", type=number_list(), default=[2, 32, 512],
                     help="rows of the host blocks read from, comma-separated: each with every --rows at most half of it")
-    ap.add_argument("--rows", type=count_list, default=[1, 16, 256], help="rows read per load, comma-separated")
-    ap.add_argument("--granules", type=count_list, default=[1, 16],
+    ap.add_argument("--rows", type=number_list(), default=[1, 16, 256], help="rows read per load, comma-separated")
+    ap.add_argument("--granules", type=number_list(), default=[1, 16],
                     help="rows per array for the granules_G and list_put_G ways, comma-separated")
-    ap.add_argument("--rounds", type=positive, default=20, help="timed rounds per row count")
+    ap.add_argument("--rounds", type=count, default=20, help="timed rounds per row count")
     ap.add_argument("--hlo-dir", type=pathlib.Path, default=None, help="write each jitted way's optimized HLO here")
     ap.add_argument("--smoke", action="store_true", help="small rows and blocks, two rounds (CI)")
     ap.add_argument("--out", type=pathlib.Path, default=None,
