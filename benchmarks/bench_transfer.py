@@ -197,7 +197,7 @@ def breakdown(bench: Bench, engine, pools, layout, n: int, dev_total, host_total
 def dump_hlo(bench: Bench, engine):
     for key, compiled in engine.compiled_programs().items():
         for program in ("pack", "load_block"):
-            if f"('{program}', 256" in key and not bench.smoke:
+            if f":{program}[256" in key and not bench.smoke:
                 with open(os.path.join(bench.out, f"hlo_{program}.txt"), "w") as f:
                     f.write(compiled.as_text())
 

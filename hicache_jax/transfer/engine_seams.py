@@ -84,8 +84,9 @@ class EngineSeams:
         return {**{k: v for p in self._programs.values() for k, v in p.jaxprs.items()}, **self._plan_programs.jaxprs}
 
     def compiled_programs(self) -> dict[str, jax.stages.Compiled]:
-        """Every program compiled so far, by label (e.g. to inspect its HLO)."""
-        return {**{f"{a}:{key}": c for a, p in self._programs.items() for key, c in p._cache.items()},
+        """Every program compiled so far, by the label `on_program_call` gives it (e.g. to
+        inspect its HLO): "<allocator>:<program>[<shape key>]", or "plan:..." for a plan's."""
+        return {**{f"{a}:{key[0]}{list(key[1:])}": c for a, p in self._programs.items() for key, c in p._cache.items()},
                 **self._plan_programs.labelled()}
 
     # -- internals -------------------------------------------------------------------------

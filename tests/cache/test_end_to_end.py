@@ -174,7 +174,7 @@ def test_early_copies_serve_the_same_bytes(name):
             d.request(conv + [turn] * (turn > 0))
     cache.drain()
     assert d.host_hits > 0
-    early = [k for k in cache._engine.compiled_programs() if "load_block" in k and k.endswith(", 1)")
+    early = [k for k in cache._engine.compiled_programs() if "load_block" in k and k.endswith(", 1]")
              or k.startswith("plan:load_block") and ", 1)" in k]
     assert early, sorted(cache._engine.compiled_programs())
     assert not cache._engine._early._pending
