@@ -47,19 +47,17 @@ class HostBlocks:
                 copied = early.get(id(block))
                 return EarlyCopy(copied[1]) if copied is not None else WholeBlock(block)
         pieces = []
-        for g in part.groups:
-            for i in range(g.num_real):
-                dst = int(g.staging_rows[i])
-                for block, row, n in table.segments(int(g.host_rows[i]), 1 << g.log2_rows):
-                    for piece, k in binary(n):
-                        copied = early.get((id(table.arrays[block]), row + piece, k)) if block != NO_BLOCK else None
-                        if block == NO_BLOCK:
-                            pieces.append(Piece(self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
-                        elif copied is not None:
-                            pieces.append(Piece(copied[1], 0, k, dst + piece, copied=True))
-                        else:
-                            pieces.append(Piece(table.arrays[block], row + piece, k, dst + piece))
-                    dst += n
+        for dst, host, length in part.host_runs():   # cut at blocks, not at the chunk's pieces: a whole
+            for block, row, n in table.segments(host, length):   # block (a power of two) is one piece
+                for piece, k in binary(n):
+                    copied = early.get((id(table.arrays[block]), row + piece, k)) if block != NO_BLOCK else None
+                    if block == NO_BLOCK:
+                        pieces.append(Piece(self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
+                    elif copied is not None:
+                        pieces.append(Piece(copied[1], 0, k, dst + piece, copied=True))
+                    else:
+                        pieces.append(Piece(table.arrays[block], row + piece, k, dst + piece))
+                dst += n
         return Pieces(tuple(pieces))
 
     def defer(self, work, moves):

@@ -62,6 +62,20 @@ class Chunk:
         return None
 
 
+    def host_runs(self) -> list[tuple[int, int, int]]:
+        """`(staging row, host page, length)` of the chunk's host runs, in staging order:
+        its pieces joined again where both sides continue."""
+        pieces = sorted((int(g.staging_rows[i]), int(g.host_rows[i]), 1 << g.log2_rows)
+                        for g in self.groups for i in range(g.num_real))
+        runs: list[tuple[int, int, int]] = []
+        for row, host, n in pieces:
+            if runs and runs[-1][0] + runs[-1][2] == row and runs[-1][1] + runs[-1][2] == host:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + n)
+            else:
+                runs.append((row, host, n))
+        return runs
+
+
 def next_pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 

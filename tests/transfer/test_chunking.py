@@ -39,6 +39,11 @@ def test_pieces_tile_every_run_exactly(seed):
         for g in chunk.groups:
             count = len(g.staging_rows)
             assert count == next_pow2(g.num_real) and (g.staging_rows[g.num_real:] == g.staging_rows[g.num_real - 1]).all()
+        # the pieces joined again are the plan's runs, clipped to the chunk (loads cut them at host blocks)
+        lo, hi = c * chunk_pages, c * chunk_pages + chunk.num_pages
+        clipped = [(max(o, lo) - lo, h + max(o, lo) - o, min(o + n, hi) - max(o, lo))
+                   for o, h, n in runs_of(host) if max(o, lo) < min(o + n, hi)]
+        assert chunk.host_runs() == clipped
 
 
 def test_a_whole_power_of_two_run_is_one_piece():
