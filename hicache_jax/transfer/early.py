@@ -15,9 +15,10 @@ load (`copy_early`, for the anchor's host pages) or first thing in the load's `s
 
 With `host_reads="put"` the copies are the way every load reads its whole blocks:
 all of a load's whole blocks, of any size, go to the device by one `jax.device_put` (the
-runtime's DMAs, outside any program), up to a chunk's rows per allocator, and the programs
-unpack the copies (a piece's copy joins the staging buffer by `place`, or the fused program
-takes it); rows of a block that is not read whole stay with the programs.
+runtime's DMAs, outside any program) first thing in `start` (an anchor run of at least
+`early_copy_bytes` before the tree plans it, as above), up to a chunk's rows per allocator,
+and the programs unpack the copies (a piece's copy joins the staging buffer by `place`, or
+the fused program takes it); rows of a block that is not read whole stay with the programs.
 
 A copy holds device memory until its load unpacks it; the next load's `take` drops every
 copy it does not use. Only pieces of at least `early_copy_bytes` are copied: on the H200 a
@@ -55,17 +56,20 @@ class EarlyCopies:
         self._pending: Copies = {}
         self.hook: Callable | None = None   # instrumentation: `TransferEngine.on_program_call`
 
-    def early(self, progs: AllocatorPrograms, pages: int) -> bool:
-        """Whether a block of `pages` rows of `progs`' allocator is copied ahead of its load
-        (with `put`: always, unless the rows go to every rank of a mesh)."""
-        return not progs.broadcast_load and (self.put or pages * progs.fmt.row_bytes >= self.early_bytes)
+    def early(self, progs: AllocatorPrograms, pages: int, before_plan: bool = False) -> bool:
+        """Whether a block of `pages` rows of `progs`' allocator is copied ahead of its load:
+        if it has `early_copy_bytes` (with `put`: always, but `before_plan` the tree plans the
+        load, where a small load's copy would be one more call), unless the rows go to every
+        rank of a mesh."""
+        large = pages * progs.fmt.row_bytes >= self.early_bytes
+        return not progs.broadcast_load and (large or (self.put and not before_plan))
 
     def copy_early(self, allocator: str, num_pages: int, host_pages: Callable[[], np.ndarray | None]) -> bool:
         """Start copying `allocator`'s host pages to the device ahead of the load that will
         move them: `num_pages` says how many the load will move (a load too small for any
         copy returns at once), `host_pages()` which (None: none). True if a copy is under way."""
         progs = self._programs.get(allocator)
-        if progs is None or not self.early(progs, num_pages) or (pages := host_pages()) is None:
+        if progs is None or not self.early(progs, num_pages, before_plan=True) or (pages := host_pages()) is None:
             return False
         pages = np.asarray(pages)
         if pages.ndim != 1 or pages.size != num_pages or not np.issubdtype(pages.dtype, np.integer):

@@ -192,15 +192,17 @@ def test_bench_hits_smoke(tmp_path):
 def test_bench_hits_reads_other_ways_exactly(tmp_path):
     """`.ci/gpu reads`: the same hits with whole host blocks put before the program, and host
     blocks capped at 2 pages, so a shared prompt's hit (half of its backup) is whole blocks:
-    every hit exact, nothing compiled while timed, the blocks put by one call."""
+    every hit exact, nothing compiled while timed, the blocks put by one call (a small hit's
+    anchor pages are not put apart before the tree plans them)."""
     out = tmp_path / "result.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_hits.py"), "--smoke", "--configs", "tiny_v4",
-                        "--modes", "shared_prompt,batched", "--pages", "4", "--batch", "4", "--host-reads", "put",
+                        "--modes", "whole_block,shared_prompt,batched", "--pages", "4", "--batch", "4", "--host-reads", "put",
                         "--host-block-pages", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     result = json.loads(out.read_text())
     assert result["exact"] is True and result["transfer"] == {"host_reads": "put", "host_block_pages": 2}
-    assert [(r["mode"], r.get("batch")) for r in result["runs"]] == [("shared_prompt", None), ("batched", 4)]
+    assert [(r["mode"], r.get("batch")) for r in result["runs"]] == [("whole_block", None), ("shared_prompt", None),
+                                                                     ("batched", 4)]
     for run in result["runs"]:
         side = run.get("hit") or run.get("acquire_many")
         assert run["exact"] and run["compiles_in_timed_calls"] == 0, run
