@@ -2,6 +2,7 @@
 engine start, each request served exactly as one `acquire` each would serve it."""
 import dataclasses
 
+import jax
 import numpy as np
 import pytest
 
@@ -241,7 +242,8 @@ def test_deferred_lands_once_for_every_request(groups):
     assert landing is not None and all(p.landing is landing for p in prefixes)
     assert cache.stats().in_flight["load"] == len(batch)     # each until the step lands the one landing
     cache.set_device_pools(land_in_step(cache.device_pools, landing), landed=landing)
-    cache.step()
+    jax.block_until_ready(cache.device_pools)   # a GPU runs the step after the call returns
+    cache.step()                                # the first step after it: every load done
     assert cache.stats().in_flight["load"] == 0
     for blocks, p in zip(batch, prefixes):
         d.verify(blocks, p.device_pages, p.swa_pages)
