@@ -95,7 +95,8 @@ class TransferConfig:
     on (0: never): under traffic most shapes come once or twice (BENCHMARKS.md, "Fused
     loads under a trace"), and a compilation takes the serving loop's CPU and GIL (about
     0.45 s of tracing and lowering per program with the Mosaic GPU kernels).
-    `host_reads` and `host_block_pages`: ways to read host rows, off until the GPU says.
+    `host_reads` and `host_block_pages`: other ways to read host rows, measured slower on
+    the H200 than the default (BENCHMARKS.md, "Ways of reading host rows"); off.
     """
 
     max_staging_bytes: int = 512 << 20          # device staging per allocator; bounds a chunk
