@@ -7,7 +7,6 @@ and touches nothing outside the plan (`Harness.run` checks every page of both ti
     host_block_pages=G      a backup run becomes host blocks of at most G pages, so a hit on
                             part of a run reads whole blocks except at its ends
 """
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer import host_compute_violations
 
 from conftest import CONFIGS
+from test_fused_loads import record
 from test_landing import as_bytes, random_pools, step_fn
 from test_round_trip import DEVICE_PAGES, HOST_PAGES, Harness
 
@@ -27,16 +27,6 @@ VARIANTS = [{"host_reads": "put"}, {"host_block_pages": 2}, {"host_reads": "put"
 
 def variant_id(v):
     return "-".join(f"{k}={v}" for k, v in v.items())
-
-
-def record(t):
-    calls = []
-    def hook(label, program, *args):
-        if ":read[" not in label:             # the harness reads host pages back to check them
-            calls.append(label)
-        return program(*args)
-    t.engine.on_program_call(hook)
-    return calls
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
