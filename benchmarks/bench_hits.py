@@ -72,17 +72,16 @@ WARM = max(1, hc.TransferConfig().fuse_after)   # warm-up rounds: a shape of pie
                                                 # fuse_after-th load (compiled before the measured rounds)
 
 
-def make_cache(config: str, policy: str, kv_pages: int, window_pages: int, **transfer) -> hc.HiCache:
+def make_cache(config: str, policy: str, kv_pages: int, window_pages: int) -> hc.HiCache:
     """A cache holding `kv_pages` kv pages and `window_pages` SWA pages on device and on the
-    host, 2 spare of each (the trailing windows a mode keeps: `window_pages`); `transfer`:
-    more `TransferConfig` fields (how host rows are read)."""
+    host, 2 spare of each (the trailing windows a mode keeps: `window_pages`)."""
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
     swa = layout.swa_pool.name if layout.swa_pool else None
     return hc.HiCache(layout, hc.HiCacheConfig(
         device_pages=kv_pages + 2, swa_device_pages=window_pages + 2 if swa else None,
         host_pages={layout.anchor.name: kv_pages + 2, **({swa: window_pages + 2} if swa else {})},
         write_policy=policy, load_back_threshold=1,
-        transfer=hc.TransferConfig(host_memory_limit_bytes=1 << 40, **transfer)))
+        transfer=hc.TransferConfig(host_memory_limit_bytes=1 << 40)))
 
 
 class Hits:
@@ -280,7 +279,7 @@ def needs(mode: str, pages: int, n: int, window: int) -> tuple[str, int, int]:
             "batched": ("write_through", n * pages, n * window)}[mode]
 
 
-def run(config: str, mode: str, pages: int, rounds: int, n: int, seed: int, max_bytes: int, **transfer) -> dict:
+def run(config: str, mode: str, pages: int, rounds: int, n: int, seed: int, max_bytes: int) -> dict:
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
     window = layout.window_pages() if layout.swa_pool else 0
     policy, kv_pages, window_pages = needs(mode, pages, n, window)
@@ -290,7 +289,7 @@ def run(config: str, mode: str, pages: int, rounds: int, n: int, seed: int, max_
         layout.page_bytes_of(layout.swa_pool.name) if window else 0)
     if held > max_bytes:
         return row | {"skipped": f"holds {held / 1e9:.1f} GB, over --max-held-gb"}
-    h = Hits(make_cache(config, policy, kv_pages, window_pages, **transfer), seed)
+    h = Hits(make_cache(config, policy, kv_pages, window_pages), seed)
     try:
         fields = batched(h, pages, rounds, n) if mode == "batched" else SHAPES[mode](h, pages, rounds)
         main = "one_by_one" if mode == "batched" else "hit"
@@ -335,12 +334,6 @@ def main():
     ap.add_argument("--max-held-gb", type=float, default=32.0,
                     help="skip a run whose cache must hold more than this many GB (device and host each)")
     ap.add_argument("--seed", type=int, default=0, help="seed of the prompts' tokens and bytes")
-    ap.add_argument("--host-reads", choices=[r.value for r in hc.HostReads], default=hc.TransferConfig().host_reads.value,
-                    help="how a load reads whole host blocks (TransferConfig.host_reads): inside its program, "
-                         "or all by one device_put before it")
-    ap.add_argument("--host-block-pages", type=int, default=None,
-                    help="cap a host block at this many pages, a power of two (TransferConfig.host_block_pages; "
-                         "default: a chunk's)")
     ap.add_argument("--smoke", action="store_true",
                     help="tiny_v4 and tiny_gqa, 1 and 4 pages, batch 1 and 4, 2 rounds, every mode (flags "
                          "given override these): CPU, seconds")
@@ -355,13 +348,8 @@ def main():
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     args.out = args.out or default_out("bench_hits.json", args.smoke)
-    transfer = {"host_reads": args.host_reads, "host_block_pages": args.host_block_pages}
-    try:
-        hc.TransferConfig(**transfer)
-    except ValueError as e:
-        ap.error(str(e))
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),
-              "transfer": transfer, "runs": []}
+              "runs": []}
     print(f"{'config':20} {'mode':17} {'pages':>5} {'N':>3} {'MB':>9} {'hit ms':>9} {'contig ms':>9} {'ratio':>6} "
           f"{'disp':>4} exact", file=sys.stderr)
     for config in args.configs.split(","):
@@ -369,7 +357,7 @@ def main():
             for pages in (int(p) for p in args.pages.split(",")):
                 rounds = args.rounds or (30 if pages <= 16 else 8 if pages <= 256 else 3)
                 for n in ([int(b) for b in args.batch.split(",")] if mode == "batched" else [1]):
-                    r = run(config, mode, pages, rounds, n, args.seed, int(args.max_held_gb * 1e9), **transfer)
+                    r = run(config, mode, pages, rounds, n, args.seed, int(args.max_held_gb * 1e9))
                     result["runs"].append(r)
                     show(r)
                     pathlib.Path(args.out).write_text(json.dumps(result, indent=1))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib
 
-from hicache_jax.config import (HiCacheConfig, HostReads, ModelConfig, PrefetchPolicy, StorageConfig, StorageWritePolicy,
+from hicache_jax.config import (HiCacheConfig, ModelConfig, PrefetchPolicy, StorageConfig, StorageWritePolicy,
                                 TransferConfig, WritePolicyName, load_model_config)
 from hicache_jax.layout import PoolLayout, PoolSpec, build_layout
 from hicache_jax.outcomes import LoadBack, Prefix, StepReport
@@ -34,7 +34,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module 'hicache_jax' has no attribute {name!r}")
 
 
-__all__ = ["DEFAULT_WINDOW_POLICY", "Direction", "EvictResult", "HiCacheConfig", "HostReads", "InsertResult", "LoadBack", "LockId",
+__all__ = ["DEFAULT_WINDOW_POLICY", "Direction", "EvictResult", "HiCacheConfig", "InsertResult", "LoadBack", "LockId",
            "MatchResult", "ModelConfig", "PoolLayout", "PoolSpec", "Prefix", "PrefetchPolicy", "Refusal", "StepReport",
            "StorageConfig", "StorageWritePolicy", "TransferConfig", "TransferId", "WindowPolicy",
            "WritePolicyName", "__version__", "build_layout", "load_model_config", *_LAZY]

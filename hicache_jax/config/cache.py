@@ -41,13 +41,6 @@ class PrefetchPolicy(enum.StrEnum):
     TIMEOUT = "timeout"               # a budget growing with the prompt (`prefetch_wait_s`)
 
 
-class HostReads(enum.StrEnum):
-    """`TransferConfig.host_reads`: how a load's whole host blocks reach the device."""
-
-    PROGRAM = "program"   # inside the load's program: a DMA per block, beside its unpack
-    PUT = "put"           # all by one `jax.device_put` before the program, which unpacks the copies
-
-
 class _Checker:
     """Field checks of one section; errors read "<Section> field '<name>' ..."."""
 
@@ -95,8 +88,6 @@ class TransferConfig:
     on (0: never): under traffic most shapes come once or twice (BENCHMARKS.md, "Fused
     loads under a trace"), and a compilation takes the serving loop's CPU and GIL (about
     0.45 s of tracing and lowering per program with the Mosaic GPU kernels).
-    `host_reads` and `host_block_pages`: other ways to read host rows, measured slower on
-    the H200 than the default (BENCHMARKS.md, "Ways of reading host rows"); off.
     """
 
     max_staging_bytes: int = 512 << 20          # device staging per allocator; bounds a chunk
@@ -109,9 +100,6 @@ class TransferConfig:
     kernels: str = "auto"                       # pack/unpack kernels: a name of `pallas_kernels.IMPLS`
     block_bytes: int | None = None              # bytes one kernel copy moves (default: the backend's)
     fuse_after: int = 4                         # loads of one shape of pieces before its program compiles
-    host_reads: HostReads = HostReads.PROGRAM
-    host_block_pages: int | None = None         # most pages of a host block, a power of two (None: a chunk's):
-                                                # a hit on part of a backup is then whole blocks but at its ends
 
     def __post_init__(self):
         check = _Checker(self)
@@ -124,10 +112,6 @@ class TransferConfig:
         check.optional_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
         check.optional_count("block_bytes", self.block_bytes, minimum=1)
         check.count("fuse_after", self.fuse_after)
-        check.choice("host_reads", self.host_reads, HostReads)
-        if self.host_block_pages is not None and check.count("host_block_pages", self.host_block_pages, 1) & (
-                self.host_block_pages - 1):
-            raise ValueError(f"TransferConfig field 'host_block_pages' must be a power of two, got {self.host_block_pages!r}")
         if not isinstance(self.kernels, str):
             raise ValueError(f"TransferConfig field 'kernels' must be a kernel name, got {self.kernels!r}")
 

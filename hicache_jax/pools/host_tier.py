@@ -128,14 +128,12 @@ class HostTier:
     Replicated allocators keep one copy, on the first device's pinned memory; `tp`
     allocators keep each rank's shard (`P(None, "tp")`). Raises ValueError at
     construction, before allocating, when the pages would exceed `memory_limit_bytes`.
-    A block holds at most `block_pages[allocator]` rows (default: any number).
     """
 
     def __init__(self, layout: PoolLayout, host_pages: Mapping[str, int], devices: Devices, memory_limit_bytes: int,
-                 layer_groups: int = 1, block_pages: Mapping[str, int] | None = None):
+                 layer_groups: int = 1):
         self.devices = devices
         self.pages = checked_page_counts(layout, host_pages, "host_pages", minimum=0)
-        self.block_pages = {a: (block_pages or {}).get(a, max(1, n)) for a, n in self.pages.items()}
         self.formats = {a: RowFormat.create(layout, a, devices.tp, layer_groups) for a in self.pages}
         sizes = {a: self.pages[a] * f.stored_row_bytes for a, f in self.formats.items()}
         total = sum(sizes.values())

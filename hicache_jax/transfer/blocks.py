@@ -105,8 +105,8 @@ class HostBlocks:
                 return [(Program.LOAD_BLOCK, part.padded_pages, 1)]
             case Pieces(pieces):
                 take = [(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []
-                return [*((Program.PLACE, p.log2_rows) if p.copied else (Program.H2D, block_rows(p.block), p.log2_rows)
-                          for p in pieces), *take, (Program.UNPACK, part.padded_pages)]
+                return [*((Program.H2D, block_rows(p.block), p.log2_rows) for p in pieces), *take,
+                        (Program.UNPACK, part.padded_pages)]
 
     # -- rows outside the plans (L3 storage, snapshots, tests) --------------------------------
     def read_rows(self, progs: AllocatorPrograms, pages: np.ndarray) -> np.ndarray:
@@ -144,7 +144,7 @@ class HostBlocks:
         table.release(pages)
         self.make_room(progs, pages.size)
         parts = progs.fmt.to_parts(rows)
-        for offset, start, log2 in pieces_of(pages, min(progs.chunk_pages, self.host.block_pages[allocator])):
+        for offset, start, log2 in pieces_of(pages, progs.chunk_pages):
             table.add(start, jax.device_put(tuple(p[offset:offset + (1 << log2)] for p in parts), progs.host_sharding))
 
     def make_room(self, progs: AllocatorPrograms, pages: int) -> None:

@@ -19,29 +19,12 @@ from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
 
-def backup_keys(part: chunking.Chunk, block_pages: int, packed: bool = False) -> list[tuple]:
-    """Program keys a backup chunk needs: its pack (unless `packed` by a plan's program),
-    and the slices of its host blocks."""
+def backup_keys(part: chunking.Chunk) -> list[tuple]:
+    """Program keys a backup chunk needs: its pack, and the slices of its host pieces."""
     pages = part.padded_pages
-    sizes = sorted({k for _, _, k in host_blocks(part, block_pages) if 1 << k != pages})
-    return [*([] if packed else [(Program.PACK, pages)]), *((Program.SLICE, pages, k) for k in sizes)]
-
-
-def host_blocks(part: chunking.Chunk, block_pages: int) -> list[tuple[int, int, int]]:
-    """`(host page, staging row, log2 rows)` of each host block a backup chunk's rows
-    become: its host pieces (the chunk's one run, or its piece groups), each cut into
-    blocks of at most `block_pages` rows (a power of two)."""
-    start = part.whole_run_host_start
-    if start is not None:
-        pieces = [(start, 0, part.padded_pages.bit_length() - 1)]
-    else:
-        pieces = [(int(g.host_rows[i]), int(g.staging_rows[i]), g.log2_rows) for g in part.groups
-                  for i in range(g.num_real)]
-    out = []
-    for host, row, k in pieces:
-        size = min(1 << k, block_pages)
-        out += [(host + o, row + o, size.bit_length() - 1) for o in range(0, 1 << k, size)]
-    return out
+    if part.whole_run_host_start is not None:
+        return [(Program.PACK, pages)]
+    return [(Program.PACK, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups)]
 
 
 class ChunkDispatch:
@@ -90,11 +73,14 @@ class ChunkDispatch:
         return tokens
 
     def _store(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: jax.Array) -> list[jax.Array]:
-        """Hand a backup chunk's packed rows to the host: one block per host piece
-        (`host_blocks`), rows sliced off on the device unless the piece is all of them."""
-        table, pages = self.host.tables[progs.fmt.allocator], part.padded_pages
-        pieces = [(host, rows if 1 << k == pages else progs.compiled(Program.SLICE, pages, k)(rows, self._ints.one(row)))
-                  for host, row, k in host_blocks(part, self.host.block_pages[progs.fmt.allocator])]
+        """Hand a backup chunk's packed rows to the host: one block per host piece."""
+        table = self.host.tables[progs.fmt.allocator]
+        start = part.whole_run_host_start
+        if start is not None:
+            pieces = [(start, rows)]
+        else:
+            pieces = [(int(g.host_rows[i]), progs.compiled(Program.SLICE, part.padded_pages, g.log2_rows)(
+                rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(g.num_real)]
         blocks = []
         for host_start, piece in pieces:  # `start` released these pages
             blocks.append(jax.device_put(piece, progs.host_sharding))
@@ -113,12 +99,9 @@ class ChunkDispatch:
                 case Pieces(pieces):
                     a = progs.fmt.allocator
                     for p in pieces:
-                        staging, dst = self.staging_buffer(progs), self._ints.one(p.staging_row)
-                        if p.copied:      # rows already on the device (`host_reads="put"`)
-                            self._staging[a] = progs.compiled(Program.PLACE, p.log2_rows)(staging, p.block, dst)
-                        else:
-                            h2d = progs.compiled(Program.H2D, block_rows(p.block), p.log2_rows)
-                            self._staging[a] = h2d(staging, p.block, self._ints.one(p.row), dst)
+                        h2d = progs.compiled(Program.H2D, block_rows(p.block), p.log2_rows)
+                        staging = self.staging_buffer(progs)
+                        self._staging[a] = h2d(staging, p.block, self._ints.one(p.row), self._ints.one(p.staging_row))
                     rows = self._staging[a]
                     if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
                         rows = jax.device_put(progs.compiled(Program.TAKE, part.padded_pages)(rows),

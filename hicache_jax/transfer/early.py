@@ -13,13 +13,6 @@ load (`copy_early`, for the anchor's host pages) or first thing in the load's `s
                        chunk's fused program takes (`PlanPrograms.ready_load`): without it, the
                        chunk moves from the host blocks and the copies are dropped
 
-With `host_reads="put"` the copies are the way every load reads its whole blocks:
-all of a load's whole blocks, of any size, go to the device by one `jax.device_put` (the
-runtime's DMAs, outside any program) first thing in `start` (an anchor run of at least
-`early_copy_bytes` before the tree plans it, as above), up to a chunk's rows per allocator,
-and the programs unpack the copies (a piece's copy joins the staging buffer by `place`, or
-the fused program takes it); rows of a block that is not read whole stay with the programs.
-
 A copy holds device memory until its load unpacks it; the next load's `take` drops every
 copy it does not use. Only pieces of at least `early_copy_bytes` are copied: on the H200 a
 12-16 MiB block gained 0.15-0.22 ms (16 V4-Flash / 32 V4.1-Flash pages), while an 8 MB one
@@ -28,13 +21,10 @@ copying a load's smaller blocks together (one program) lost too, 0.09-0.22 ms at
 """
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
-import jax
 import numpy as np
 
-from hicache_jax.config import HostReads
 from hicache_jax.plan import Direction, TransferPlan, coalesce
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
@@ -50,26 +40,21 @@ Copies = dict
 
 class EarlyCopies:
     def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
-                 early_copy_bytes: int, reads: HostReads = HostReads.PROGRAM):
+                 early_copy_bytes: int):
         self.host, self._programs, self._ints = host, programs, ints
-        self.early_bytes, self.put = early_copy_bytes, reads is HostReads.PUT
+        self.early_bytes = early_copy_bytes
         self._pending: Copies = {}
-        self.hook: Callable | None = None   # instrumentation: `TransferEngine.on_program_call`
 
-    def early(self, progs: AllocatorPrograms, pages: int, before_plan: bool = False) -> bool:
-        """Whether a block of `pages` rows of `progs`' allocator is copied ahead of its load:
-        if it has `early_copy_bytes` (with `put`: always, but `before_plan` the tree plans the
-        load, where a small load's copy would be one more call), unless the rows go to every
-        rank of a mesh."""
-        large = pages * progs.fmt.row_bytes >= self.early_bytes
-        return not progs.broadcast_load and (large or (self.put and not before_plan))
+    def early(self, progs: AllocatorPrograms, pages: int) -> bool:
+        """Whether `pages` rows of `progs`' allocator are worth an early copy."""
+        return not progs.broadcast_load and pages * progs.fmt.row_bytes >= self.early_bytes
 
     def copy_early(self, allocator: str, num_pages: int, host_pages: Callable[[], np.ndarray | None]) -> bool:
         """Start copying `allocator`'s host pages to the device ahead of the load that will
         move them: `num_pages` says how many the load will move (a load too small for any
         copy returns at once), `host_pages()` which (None: none). True if a copy is under way."""
         progs = self._programs.get(allocator)
-        if progs is None or not self.early(progs, num_pages, before_plan=True) or (pages := host_pages()) is None:
+        if progs is None or not self.early(progs, num_pages) or (pages := host_pages()) is None:
             return False
         pages = np.asarray(pages)
         if pages.ndim != 1 or pages.size != num_pages or not np.issubdtype(pages.dtype, np.integer):
@@ -84,17 +69,12 @@ class EarlyCopies:
     def take(self, plan: TransferPlan) -> Copies:
         """The early copies a load plan may use: those `copy_early` started, and new ones for
         each allocator whose pages are one large host run (a merged plan of several runs, a
-        step's hits, starts none: each copy would be one more dispatch; with `put`, every
-        whole block of the plan goes, by one call). A plan that would not pass the checks
-        starts nothing new (`check_plan` names it)."""
+        step's hits, starts none: each copy would be one more dispatch). A plan that would
+        not pass the checks starts nothing new (`check_plan` names it)."""
         if getattr(plan, "direction", None) is not Direction.LOAD:
             return {}
         copies, self._pending = self._pending, {}
         try:
-            if self.put:
-                self._put_blocks([(self._programs.get(b.allocator), [(r.host_start, r.length) for r in b.host_runs])
-                                  for b in plan.batches], copies)
-                return copies
             for batch in plan.batches:
                 progs = self._programs.get(batch.allocator)
                 if progs is not None and len(batch.host_runs) == 1 and self.early(progs, batch.num_pages):
@@ -108,8 +88,6 @@ class EarlyCopies:
         cut them: a run that is one whole block as that block, a run inside one block as
         the power-of-two pieces of it; at most `MAX_COPIES` copies (each is a program call
         on the path it should shorten). True if any copy is under way."""
-        if self.put:
-            return self._put_blocks([(progs, runs)], into)
         allocator = progs.fmt.allocator
         table, calls = self.host.tables[allocator], 0
         for start, n in runs:
@@ -139,37 +117,6 @@ class EarlyCopies:
                     into[key] = (array, copy())
                 calls += 1
         return bool(calls)
-
-    def _put_blocks(self, runs: list[tuple[AllocatorPrograms | None, list[tuple[int, int]]]], into: Copies) -> bool:
-        """Copy every host block that `runs` (per allocator: (host page, length)) read whole,
-        and is not in `into` yet, by one `jax.device_put`; at most a chunk's rows per
-        allocator (the device memory the staging bound allows). Each copy is kept under the
-        block's key and its one piece's key (`HostBlocks.load_move`). True if any copy is
-        under way."""
-        blocks, shardings = [], []
-        for progs, allocator_runs in runs:
-            if progs is None or not self.early(progs, 1):
-                continue
-            table, rows, seen = self.host.tables[progs.fmt.allocator], 0, set()
-            for start, n in allocator_runs:
-                if not 0 <= start <= self.host.pages[progs.fmt.allocator] - n:
-                    break
-                for block, row, length in table.segments(start, n):
-                    if block == NO_BLOCK or row or length != block_rows(table.arrays[block]):
-                        continue
-                    array = table.arrays[block]
-                    if id(array) in into or id(array) in seen or rows + length > progs.chunk_pages:
-                        continue
-                    seen.add(id(array))
-                    rows += length
-                    blocks.append(array)
-                    shardings.append(progs.staging_sharding)
-        if not blocks:
-            return False
-        put = jax.device_put if self.hook is None else functools.partial(self.hook, f"put[{len(blocks)}]", jax.device_put)
-        for array, copy in zip(blocks, put(blocks, shardings)):
-            into[id(array)] = into[(id(array), 0, block_rows(array).bit_length() - 1)] = (array, copy)
-        return True
 
 
 MAX_COPIES = 2

@@ -100,9 +100,7 @@ class TransferEngine(EngineSeams):
                                  f"allocator {a!r} ({row_bytes:,} B per device)")
             # no batch is larger than either tier, and a host copy never exceeds the host pool
             chunk_pages[a] = min(pages, MAX_CHUNK_PAGES, _floor_pow2(min(self._device.pages[a], host_counts[a])))
-        cap = config.host_block_pages or MAX_CHUNK_PAGES
-        self.host = HostTier(layout, host_counts, self.devices, config.host_limit_bytes(), config.layer_groups,
-                             {a: min(n, cap) for a, n in chunk_pages.items()})
+        self.host = HostTier(layout, host_counts, self.devices, config.host_limit_bytes(), config.layer_groups)
         self._programs = {
             a: AllocatorPrograms(fmt, [self._device.shape(s) for s in fmt.pools], self.devices,
                                  functools.partial(self.host.block, a), self.host.sharding(a), chunk_pages[a],
@@ -114,8 +112,8 @@ class TransferEngine(EngineSeams):
                                      max(self._device.pages.values(), default=0))
         anchor = self._programs.get(layout.anchor.name)
         self.landing_sizes = () if anchor is None or anchor.broadcast_load else tuple(
-            sorted({self.host.block_pages[layout.anchor.name] >> i for i in range(config.landing_buckets)} - {0}))
-        self._early = EarlyCopies(self.host, self._programs, self._ints, config.early_copy_bytes, config.host_reads)
+            sorted({anchor.chunk_pages >> i for i in range(config.landing_buckets)} - {0}))
+        self._early = EarlyCopies(self.host, self._programs, self._ints, config.early_copy_bytes)
         self._blocks = HostBlocks(self.host, self._programs, self._ints,
                                   {layout.anchor.name: self.landing_sizes} if self.landing_sizes else {})
         self._dispatch = ChunkDispatch(self._programs, self._plan_programs, self.host, self._ints, self.devices)
@@ -219,15 +217,15 @@ class TransferEngine(EngineSeams):
         fused = self._plan_programs.ready_load(entries) if entries else None
         if fused is not None:
             return work, moves, landing, whole, fused
-        if moves is not None and not self._early.put and any(isinstance(k, tuple) for k in early):
+        if moves is not None and any(isinstance(k, tuple) for k in early):
             blocks_only = {k: v for k, v in early.items() if not isinstance(k, tuple)}
             moves = [[self._blocks.load_move(progs, part, blocks_only) for part in parts] for progs, parts in work]
         if whole is not None:
             self._plan_programs.compiled(True, whole)
-        if backup:          # a whole backup's plan program packs; its blocks may still need slices
+        elif backup:
             for progs, parts in work:
                 for part in parts:
-                    for key in backup_keys(part, self.host.block_pages[progs.fmt.allocator], whole is not None):
+                    for key in backup_keys(part):
                         progs.compiled(*key)
         else:
             for (progs, parts), chunk_moves in zip(work, moves):
@@ -279,7 +277,7 @@ class TransferEngine(EngineSeams):
         for progs in self._programs.values():
             self._dispatch.staging_buffer(progs)
             limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
-            for key in warm.chunk_keys(progs, limit, lambda pages: self._early.early(progs, pages), self._early.put):
+            for key in warm.chunk_keys(progs, limit, lambda pages: self._early.early(progs, pages)):
                 progs.compiled(*key)
         plans = [] if self.devices.mesh is not None else warm.plan_shapes(
             self._programs, self.layout.anchor.name, self._whole.window, MAX_CHUNK_PAGES, max_pages)

@@ -45,13 +45,10 @@ class EngineSeams:
     def on_program_call(self, hook: Callable | None) -> None:
         """From now on, every transfer program this engine runs is called as
         `hook(label, program, *args)`, which calls `program(*args)` (or stands in for it) and
-        returns its result: a seam to time, record or replace a program (None: no hook).
-        With `host_reads="put"`, the `jax.device_put` of a load's blocks is called so too,
-        labelled "put[<blocks>]"."""
+        returns its result: a seam to time, record or replace a program (None: no hook)."""
         for progs in self._programs.values():
             progs.hook = hook
         self._plan_programs.hook = hook
-        self._early.hook = hook
 
     @staticmethod
     def wait_compiles() -> None:

@@ -5,14 +5,14 @@ moved by itself is a DMA on the copy engines. Programs never write host memory: 
 packs rows on the device and the engine hands them to `jax.device_put` (outside any jit,
 so the copy runs beside the model's next step instead of in its stream):
 
-Rows, blocks and the staging buffer are tuples of the row's stored parts (`RowFormat.parts`):
+Rows travel as a tuple of the row's stored parts (`RowFormat.parts`: one per layer
+group; one part, the whole row, by default), and so do blocks and the staging buffer:
 
     backup:  pack(S)            pools (read), idx i32[S] -> rows [S, part_elems] per part (device)
              slice(S, k)        rows, start i32[1] -> rows[start : start + 2**k]
     load:    load_block(S, 0)   pools (donated), block [S, part_elems] per part, idx i32[S] -> pools, token
              load_block(S, 1)   the same from the block's device copy (an early `copy`)
              h2d(R, k)          staging (donated), block [R, ...], src i32[1], dst i32[1] -> staging
-             place(k)           staging (donated), 2**k rows on the device (a block put), dst i32[1] -> staging
              unpack(S)          pools (donated), staging, idx i32[S] -> pools, token
              take(S)            staging -> its first S rows (to broadcast them)
              load_pieces(S, P)  pools (donated), one block (or early device copy) per piece, starts i32[k],
@@ -21,19 +21,21 @@ Rows, blocks and the staging buffer are tuples of the row's stored parts (`RowFo
     read:    read(R, k)         block [R, ...], start i32[1] -> 2**k rows on the device
              copy(R)            block [R, ...] -> the whole block on the device (a DMA)
 
-`load_block` moves a chunk that is exactly one block (a prefix backed up as one run and
-loaded back whole); a large block's copy (`copy`, or a `put`: early.py) may start before
-the plan is checked, and the program unpacks the copy; any other chunk gathers its rows
-block by block into the staging buffer (`h2d`, a DMA when the piece is its whole block;
-`place` for a copy) and unpacks them. A plan whose every allocator moves as one chunk runs
-as ONE program on a single device (`PlanPrograms`): one dispatch per load-back or backup.
+`load_block` moves a chunk that is exactly one block (the common case: a prefix backed up
+as one run and loaded back whole); when that block is large the engine starts its copy
+(`copy`) before it checks the plan, and the program unpacks the copy; any other chunk
+gathers its rows block by block into the engine's staging buffer (`h2d`, a whole-block DMA
+when the piece is the block) and unpacks them. A plan whose every allocator moves as one such chunk runs as ONE program on
+a single device (`PlanPrograms`), so a load-back of a prefix's kv and SWA pages, or the
+pack of a backup batch, costs one dispatch.
 
 Index arguments (i32) of one element are passed as arrays kept on the device where they
 can be (`resident.py`), so such a call copies no host data.
 
 Host values are only moved or sliced: every program's jaxpr is checked at compile time.
 Replicated allocators on a mesh pack on the first device (whose shard is the whole pool)
-and broadcast a load's rows to every rank, each unpacking its own copy (staging path).
+and, on load, broadcast the chunk's rows to every rank before each rank unpacks its own
+copy (so they always take the staging path on load).
 """
 from __future__ import annotations
 
@@ -66,7 +68,6 @@ class Program(enum.StrEnum):
     READ = "read"               # (block rows, log2 rows): rows of one block to the device (L3, tests)
     COPY = "copy"               # (block rows,): a whole block to the device (an early copy), no index
     LOAD_PIECES = "load_pieces"  # (pages, ((block rows, log2 rows), ...)): pieces of blocks -> pools, no staging
-    PLACE = "place"             # (log2 rows,): rows copied to the device ahead (a put block) -> staging
 
 
 class AllocatorPrograms:
@@ -97,9 +98,10 @@ class AllocatorPrograms:
         self.read_shardings = self.pool_shardings if self.sharded else [self.home] * len(fmt.pools)
         # Loads of replicated pools on a mesh unpack on every rank from broadcast rows.
         self.broadcast_load = self.on_mesh and not self.sharded
-        kernel = dict(impl=impl, block_bytes=block_bytes, align_bytes=ROW_ALIGN_BYTES)
-        self._gather = functools.partial(pk.gather_pages, **kernel)
-        self._scatter = functools.partial(pk.scatter_pages, **kernel)
+        self._gather = functools.partial(pk.gather_pages, impl=impl, block_bytes=block_bytes,
+                                         align_bytes=ROW_ALIGN_BYTES)
+        self._scatter = functools.partial(pk.scatter_pages, impl=impl, block_bytes=block_bytes,
+                                          align_bytes=ROW_ALIGN_BYTES)
         self._cache: dict[tuple, jax.stages.Compiled] = {}
         self.jaxprs: dict[str, object] = {}
         self.hook: Callable | None = None   # instrumentation: `TransferEngine.on_program_call`
@@ -249,11 +251,6 @@ class AllocatorPrograms:
         args = (self._staging_spec(), self._host_example(block_rows), self._index(1), self._index(1))
         return h2d, args, (0,), self._staged()
 
-    def _place(self, log2_rows: int):
-        place = lambda staging, rows, dst: tuple(jax.lax.dynamic_update_slice_in_dim(s, r, dst[0], 0)
-                                                 for s, r in zip(staging, rows))
-        return place, (self._staging_spec(), self._staging_spec(1 << log2_rows), self._index(1)), (0,), self._staged()
-
     def _read(self, block_rows: int, log2_rows: int):
         size = 1 << log2_rows
 
@@ -296,5 +293,4 @@ _BUILDERS = {
     Program.LOAD_BLOCK: AllocatorPrograms._load_block, Program.H2D: AllocatorPrograms._h2d,
     Program.UNPACK: AllocatorPrograms._unpack, Program.TAKE: AllocatorPrograms._take, Program.READ: AllocatorPrograms._read,
     Program.COPY: AllocatorPrograms._copy, Program.LOAD_PIECES: AllocatorPrograms._load_pieces,
-    Program.PLACE: AllocatorPrograms._place,
 }

@@ -13,12 +13,11 @@ def pow2_upto(n: int) -> list[int]:
     return [1 << i for i in range(n.bit_length())]
 
 
-def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool], put: bool = False) -> list[tuple]:
+def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool]) -> list[tuple]:
     """Program keys of chunks of up to `limit` pages: pack and unpack of each padded size,
-    the pieces a backup cuts, a whole-block load of each size (when `early(pages)`, also the
-    load from its early copy, and that copy's program unless blocks are `put`), and the
-    copies of any piece of any block up to that size (L3 reads too; with `put`, the
-    placing of put blocks in the staging buffer)."""
+    the pieces a backup cuts, a whole-block load of each size (when `early(pages)`, also its
+    early copy and the load from it), and the copies of any piece of any block up to that
+    size (L3 reads too)."""
     keys = []
     for pages in pow2_upto(limit):
         k = pages.bit_length() - 1
@@ -29,7 +28,7 @@ def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool
         else:
             keys.append((Program.LOAD_BLOCK, pages, 0))
             if early(pages):
-                keys += [(Program.LOAD_BLOCK, pages, 1), *([(Program.PLACE, k)] if put else [(Program.COPY, pages)])]
+                keys += [(Program.COPY, pages), (Program.LOAD_BLOCK, pages, 1)]
     return keys
 
 

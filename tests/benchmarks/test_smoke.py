@@ -189,29 +189,6 @@ def test_bench_hits_smoke(tmp_path):
     assert {r["batch"] for r in runs if r["mode"] == "batched"} == {1, 4}
 
 
-def test_bench_hits_reads_other_ways_exactly(tmp_path):
-    """`.ci/gpu reads`: the same hits with whole host blocks put before the program, and host
-    blocks capped at 2 pages, so a shared prompt's hit (half of its backup) is whole blocks:
-    every hit exact, nothing compiled while timed, the blocks put by one call (a small hit's
-    anchor pages are not put apart before the tree plans them)."""
-    out = tmp_path / "result.json"
-    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_hits.py"), "--smoke", "--configs", "tiny_v4",
-                        "--modes", "whole_block,shared_prompt,batched", "--pages", "4", "--batch", "4", "--host-reads", "put",
-                        "--host-block-pages", "2", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
-    result = json.loads(out.read_text())
-    assert result["exact"] is True and result["transfer"] == {"host_reads": "put", "host_block_pages": 2}
-    assert [(r["mode"], r.get("batch")) for r in result["runs"]] == [("whole_block", None), ("shared_prompt", None),
-                                                                     ("batched", 4)]
-    for run in result["runs"]:
-        side = run.get("hit") or run.get("acquire_many")
-        assert run["exact"] and run["compiles_in_timed_calls"] == 0, run
-        assert dict(side["programs"])["put"] == 1 and len(side["programs"]) == 2, side["programs"]
-    bad = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_hits.py"), "--smoke", "--host-block-pages", "3"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert bad.returncode == 2 and "host_block_pages" in bad.stderr and "power of two" in bad.stderr
-
-
 def test_bench_gil_convoy_smoke(tmp_path):
     result = run("bench_gil_convoy.py", tmp_path, "--intervals", "0.005,0.0002")
     runs = result["runs"]

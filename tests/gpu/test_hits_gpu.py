@@ -1,8 +1,7 @@
 """On an NVIDIA GPU, with the Mosaic GPU kernels: loads that gather pieces of several host
 blocks, by the per-chunk programs and then by their one fused program (early copies of
 pieces too), move the right bytes; a step's host hits acquired together (`acquire_many`)
-serve each request its own bytes from one engine start; the other ways of reading host rows
-(whole blocks put ahead, blocks capped) move the same bytes (`pytest -m gpu`; skipped elsewhere)."""
+serve each request its own bytes from one engine start (`pytest -m gpu`; skipped elsewhere)."""
 import pathlib
 import sys
 
@@ -17,8 +16,6 @@ from test_fused_loads import (  # noqa: E402
     test_random_loads_of_pieces_move_the_same_bytes_before_and_after_their_program_compiles as fused_pieces,
 )
 from test_acquire_many import test_bytes_served_and_one_start_for_many_host_hits as many_hits  # noqa: E402
-from test_host_reads import VARIANTS, variant_id  # noqa: E402
-from test_host_reads import test_random_backups_and_loads_of_parts_of_them_are_exact as other_reads  # noqa: E402
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(jax.default_backend() != "gpu", reason="needs an NVIDIA GPU")]
 
@@ -38,10 +35,3 @@ def test_early_copied_pieces_on_the_gpu_kernels(case):
 @pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41", "tiny_gqa"])
 def test_acquire_many_serves_each_request_its_bytes_on_the_gpu(name):
     many_hits(name)
-
-
-@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
-@pytest.mark.parametrize("case", [("tiny_v4", None, "auto"), ("tiny_v41", None, "auto", 2)],
-                         ids=lambda c: "-".join(map(str, c)))
-def test_other_ways_of_reading_host_rows_on_the_gpu_kernels(case, variant):
-    other_reads(case, variant)
