@@ -83,13 +83,16 @@ def warm_up(model, cache: hc.HiCache, landings: bool = False) -> None:
     """Compile every program the model runs before anything is timed, on the cache's own
     pools (same shapes and placement): its step, and with `landings` the step landing each
     shape of deferred load the cache can hand it (`HiCache.landing_examples`: they land
-    nothing). It writes page 0, which nothing holds yet."""
+    nothing). Each step's logits are fetched to the host, as serving fetches them: on a GPU
+    the process's first device-to-host copy pays a one-off setup. It writes page 0, which
+    nothing holds yet."""
     z = np.zeros(model.max_pages, np.int32)
     tokens = np.zeros(model.chunk_size, np.int32)
     pools, logits = model.forward_chunk(cache.device_pools, z, z, tokens, 0, 1)
+    np.asarray(logits)
     for landing in cache.landing_examples() if landings else ():
         pools, logits = model.forward_chunk(pools, z, z, tokens, 0, 1, landing=landing)
-    jax.block_until_ready(logits)
+        np.asarray(logits)
     cache.set_device_pools(pools)
 
 

@@ -22,7 +22,6 @@ import collections
 import dataclasses
 import time
 
-import jax
 import numpy as np
 
 import hicache_jax as hc
@@ -129,10 +128,11 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
 
 def warm_up(model, cache: hc.HiCache, max_batch: int, sample_rows: int) -> None:
     """Compile the batched step on `cache`'s pools and `pick` for this batch size, before
-    anything is timed: one step with no slot computed writes nothing."""
+    anything is timed: one step with no slot computed writes nothing. Its picks are fetched
+    to the host as serving fetches them (a GPU's first device-to-host copy sets itself up)."""
     C, M = model.chunk_size, model.max_pages
     empty = pack([], max_batch, C, M)
     pools, logits = model.forward_batch(cache.device_pools, empty)
-    out = pick(logits, np.zeros(sample_rows, np.int32))
-    jax.block_until_ready(out)
+    for out in pick(logits, np.zeros(sample_rows, np.int32)):
+        np.asarray(out)
     cache.set_device_pools(pools)
