@@ -256,3 +256,19 @@ def test_decode_table_refuses_an_empty_file(tmp_path):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "decode_table.py"), str(empty)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and str(empty) in r.stderr.splitlines()[-1]
+
+
+def test_first_requests_smoke(tmp_path):
+    """benchmarks/first_requests.py: one decode case served with each warm-up, phases timed."""
+    result = run("first_requests.py", tmp_path)
+    assert [r["warm_up"] for r in result["runs"]] == ["no_fetch", "fetch"]
+    for r in result["runs"]:
+        assert r["rc"] == 0 and r["identical"] and len(r["ttft_ms_cache"]) == 4
+        assert r["first_prefill_ms"] > 0 and {name for _, _, name, _ in r["phases"]} >= {"acquire", "forward", "prefill"}
+
+
+@pytest.mark.parametrize("flags", [["--cases", "9"], ["--cases", "x"], ["--requests", "1"]])
+def test_first_requests_refuses_bad_flags(flags):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "first_requests.py"), *flags],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and flags[0] in r.stderr
