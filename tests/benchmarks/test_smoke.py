@@ -272,3 +272,31 @@ def test_first_requests_refuses_bad_flags(flags):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "first_requests.py"), *flags],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert r.returncode == 2 and flags[0] in r.stderr
+
+
+def test_profile_hits_smoke(tmp_path):
+    """benchmarks/profile_hits.py: hits traced by the profiler, exact; a CPU trace has no device events."""
+    result = run("profile_hits.py", tmp_path)
+    assert [(r["mode"], r["pages"], r["batch"]) for r in result["runs"]] == [("shared_prompt", 4, 1), ("batched", 1, 4)]
+    for r in result["runs"]:
+        assert r["exact"] is True and r["ms"] > 0 and r["device_events"] == len(r["last_hit"]) == 0
+
+
+def test_profile_hits_summarises_device_timelines():
+    """The summary keeps accelerator events only, grouped by name, and the last hit's window."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import profile_hits
+    trace = {"traceEvents": [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 7, "args": {"name": "Stream #7(MemcpyH2D)"}},
+        {"ph": "X", "name": "scatter", "pid": 1, "tid": 7, "ts": 100.0, "dur": 5.0},
+        {"ph": "X", "name": "scatter", "pid": 1, "tid": 7, "ts": 30000.0, "dur": 7.0},
+        {"ph": "X", "name": "memcpy", "pid": 1, "tid": 7, "ts": 29000.0, "dur": 900.0},
+        {"ph": "X", "name": "python", "pid": 2, "tid": 1, "ts": 29500.0, "dur": 50.0}]}
+    s = profile_hits.summarise(trace)
+    assert s["device_events"] == 3
+    assert s["by_name"][0] == {"name": "memcpy", "count": 1, "median_us": 900.0, "total_us": 900.0}
+    assert {"name": "scatter", "count": 2, "median_us": 6.0, "total_us": 12.0} in s["by_name"]
+    assert [(w["name"], w["at_us"], w["stream"]) for w in s["last_hit"]] == \
+        [("memcpy", -1007.0, "Stream #7(MemcpyH2D)"), ("scatter", -7.0, "Stream #7(MemcpyH2D)")]

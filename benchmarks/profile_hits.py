@@ -1,0 +1,110 @@
+"""The device timeline of traffic-shaped host hits: `bench_hits.py`'s modes run under
+`jax.profiler.trace`, and the trace summarised where the time goes on the accelerator.
+
+For each (mode, pages, requests) it runs `bench_hits.run` (every hit byte-checked, paired
+with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then keeps:
+the device events grouped by name (count, median and total microseconds), and the device
+events of the last hit's final 15 ms relative to the end of its last kernel (its DMAs,
+slice fusions, joins and unpack kernels in order, with the gaps between them). On a CPU
+the trace has no device events; the run still checks that it works.
+
+    python benchmarks/profile_hits.py --out profile_hits.json      # V4-Flash: whole block vs parts
+    python benchmarks/profile_hits.py --smoke --out profile_hits.json
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import pathlib
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import bench_hits  # noqa: E402
+from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
+
+# (mode, kv pages per prefix, requests): a whole block against the hits on parts of blocks
+RUNS = [("whole_block", 256, 1), ("shared_prompt", 256, 1), ("multi_turn", 256, 1), ("batched", 16, 16),
+        ("whole_block", 1, 1), ("shared_prompt", 1, 1)]
+WINDOW_US = 15_000
+
+
+def device_events(trace: dict) -> tuple[list[dict], dict]:
+    """The complete events on accelerator timelines, and {(pid, tid): thread name}."""
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    processes, threads = {}, {}
+    for e in events:
+        if e.get("ph") == "M" and e.get("name") == "process_name":
+            processes[e["pid"]] = e["args"]["name"]
+        elif e.get("ph") == "M" and e.get("name") == "thread_name":
+            threads[(e["pid"], e["tid"])] = e["args"]["name"]
+    on_device = [e for e in events if e.get("ph") == "X" and "/device:" in processes.get(e.get("pid"), "")]
+    return sorted(on_device, key=lambda e: e["ts"]), threads
+
+
+def summarise(trace: dict) -> dict:
+    events, threads = device_events(trace)
+    by_name = collections.defaultdict(list)
+    for e in events:
+        by_name[e["name"][:100]].append(e["dur"])
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
+    window = []
+    if events:
+        end = max(e["ts"] + e["dur"] for e in events)
+        window = [{"at_us": round(e["ts"] - end, 1), "dur_us": round(e["dur"], 1),
+                   "stream": str(threads.get((e["pid"], e["tid"]), e["tid"])), "name": e["name"][:100]}
+                  for e in events if e["ts"] >= end - WINDOW_US]
+    return {"device_events": len(events),
+            "by_name": [{"name": n, "count": len(d), "median_us": round(statistics.median(d), 1),
+                         "total_us": round(sum(d), 1)} for n, d in top],
+            "last_hit": window[-120:]}
+
+
+def profiled(config: str, mode: str, pages: int, n: int, rounds: int) -> dict:
+    import jax
+    with tempfile.TemporaryDirectory() as folder:
+        with jax.profiler.trace(folder, create_perfetto_trace=True):
+            row = bench_hits.run(config, mode, pages, rounds, n, 0, 1 << 40)
+        files = glob.glob(f"{folder}/**/perfetto_trace.json.gz", recursive=True)
+        if not files:
+            raise RuntimeError(f"the profiler wrote no Perfetto trace under {folder}")
+        with gzip.open(files[0]) as f:
+            summary = summarise(json.load(f))
+    keep = ("ms", "contiguous_ms", "ratio", "exact", "dispatches")
+    return {"config": config, "mode": mode, "pages": pages, "batch": n, "rounds": rounds,
+            **{k: row.get(k) for k in keep}, **summary}
+
+
+def main(argv=None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", default="deepseek_v4_flash", help="model config (configs/NAME.json)")
+    ap.add_argument("--rounds", type=int, default=4, help="measured rounds per run (each hit is traced)")
+    ap.add_argument("--smoke", action="store_true", help="tiny_v4, one and four pages, one round (CPU, CI)")
+    ap.add_argument("--out", type=pathlib.Path, default=None,
+                    help="result JSON (default: benchmarks/results/profile_hits.json, or $OUT)")
+    args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    runs = [("shared_prompt", 4, 1), ("batched", 1, 4)] if args.smoke else RUNS
+    config, rounds = ("tiny_v4", 1) if args.smoke else (args.config, args.rounds)
+    import jax
+    result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": jax.devices()[0].device_kind,
+              "runs": []}
+    out = args.out or default_out("profile_hits.json", args.smoke)
+    for mode, pages, n in runs:
+        r = profiled(config, mode, pages, n, rounds)
+        result["runs"].append(r)
+        print(f"{mode:14} {pages:4} pages x {n:2}: {r['ms']} ms, ratio {r['ratio']}, {r['device_events']} device events",
+              flush=True)
+        pathlib.Path(out).write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
