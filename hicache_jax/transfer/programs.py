@@ -5,8 +5,7 @@ moved by itself is a DMA on the copy engines. Programs never write host memory: 
 packs rows on the device and the engine hands them to `jax.device_put` (outside any jit,
 so the copy runs beside the model's next step instead of in its stream):
 
-Rows travel as a tuple of the row's stored parts (`RowFormat.parts`: one per layer
-group; one part, the whole row, by default), and so do blocks and the staging buffer:
+Rows, blocks and the staging buffer are tuples of the row's stored parts (`RowFormat.parts`):
 
     backup:  pack(S)            pools (read), idx i32[S] -> rows [S, part_elems] per part (device)
              slice(S, k)        rows, start i32[1] -> rows[start : start + 2**k]
@@ -21,21 +20,19 @@ group; one part, the whole row, by default), and so do blocks and the staging bu
     read:    read(R, k)         block [R, ...], start i32[1] -> 2**k rows on the device
              copy(R)            block [R, ...] -> the whole block on the device (a DMA)
 
-`load_block` moves a chunk that is exactly one block (the common case: a prefix backed up
-as one run and loaded back whole); when that block is large the engine starts its copy
-(`copy`) before it checks the plan, and the program unpacks the copy; any other chunk
-gathers its rows block by block into the engine's staging buffer (`h2d`, a whole-block DMA
-when the piece is the block) and unpacks them. A plan whose every allocator moves as one such chunk runs as ONE program on
-a single device (`PlanPrograms`), so a load-back of a prefix's kv and SWA pages, or the
-pack of a backup batch, costs one dispatch.
+`load_block` moves a chunk that is exactly one block (a prefix backed up as one run and
+loaded back whole); a large block's copy (`copy`, early.py) may start before the plan is
+checked, and the program unpacks the copy; any other chunk gathers its rows block by block
+into the staging buffer (`h2d`, a DMA when the piece is its whole block) and unpacks them.
+A plan whose every allocator moves as one chunk runs as ONE program on a single device
+(`PlanPrograms`): one dispatch per load-back or backup.
 
 Index arguments (i32) of one element are passed as arrays kept on the device where they
 can be (`resident.py`), so such a call copies no host data.
 
 Host values are only moved or sliced: every program's jaxpr is checked at compile time.
 Replicated allocators on a mesh pack on the first device (whose shard is the whole pool)
-and, on load, broadcast the chunk's rows to every rank before each rank unpacks its own
-copy (so they always take the staging path on load).
+and broadcast a load's rows to every rank, each unpacking its own copy (staging path).
 """
 from __future__ import annotations
 
@@ -98,10 +95,9 @@ class AllocatorPrograms:
         self.read_shardings = self.pool_shardings if self.sharded else [self.home] * len(fmt.pools)
         # Loads of replicated pools on a mesh unpack on every rank from broadcast rows.
         self.broadcast_load = self.on_mesh and not self.sharded
-        self._gather = functools.partial(pk.gather_pages, impl=impl, block_bytes=block_bytes,
-                                         align_bytes=ROW_ALIGN_BYTES)
-        self._scatter = functools.partial(pk.scatter_pages, impl=impl, block_bytes=block_bytes,
-                                          align_bytes=ROW_ALIGN_BYTES)
+        kernel = dict(impl=impl, block_bytes=block_bytes, align_bytes=ROW_ALIGN_BYTES)
+        self._gather = functools.partial(pk.gather_pages, **kernel)
+        self._scatter = functools.partial(pk.scatter_pages, **kernel)
         self._cache: dict[tuple, jax.stages.Compiled] = {}
         self.jaxprs: dict[str, object] = {}
         self.hook: Callable | None = None   # instrumentation: `TransferEngine.on_program_call`
