@@ -69,7 +69,8 @@ def serve_timed(argv: list[str], warm_up: str, phase_requests: int) -> dict:
         def call(*args, **kwargs):
             if now["pass"] != pass_name:
                 now["pass"], now["request"] = pass_name, -1
-            now["request"] += 1
+            if kwargs.get("out") is None:    # a preempted request resumes with its `out`: the same request
+                now["request"] += 1
             return fn(*args, **kwargs)
         return call
 

@@ -4,9 +4,12 @@
 For each (mode, pages, requests) it runs `bench_hits.run` (every hit byte-checked, paired
 with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then keeps:
 the device events grouped by name (count, median and total microseconds), and the device
-events of the last hit's final 15 ms relative to the end of its last kernel (its DMAs,
-slice fusions, joins and unpack kernels in order, with the gaps between them). On a CPU
-the trace has no device events; the run still checks that it works.
+events of the 15 ms before the end of the last event named after a load program
+(`load_block`, `load_pieces`, `plan_load`, `fused_load`: XLA names a program's module
+after it), so the window holds the last hit's DMAs, slice fusions, joins and unpack
+kernels in order, and not the byte check that follows each hit (`anchor` says which event
+ended it, or "trace end" when none is named so). On a CPU the trace has no device events;
+the run still checks that it works.
 
     python benchmarks/profile_hits.py --out profile_hits.json      # V4-Flash: whole block vs parts
     python benchmarks/profile_hits.py --smoke --out profile_hits.json
@@ -33,6 +36,7 @@ from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repo
 RUNS = [("whole_block", 256, 1), ("shared_prompt", 256, 1), ("multi_turn", 256, 1), ("batched", 16, 16),
         ("whole_block", 1, 1), ("shared_prompt", 1, 1)]
 WINDOW_US = 15_000
+LOAD_PROGRAMS = ("load_block", "load_pieces", "plan_load", "fused_load")
 
 
 def device_events(trace: dict) -> tuple[list[dict], dict]:
@@ -54,13 +58,15 @@ def summarise(trace: dict) -> dict:
     for e in events:
         by_name[e["name"][:100]].append(e["dur"])
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
-    window = []
+    window, anchor = [], None
     if events:
-        end = max(e["ts"] + e["dur"] for e in events)
+        loads = [e for e in events if any(name in e["name"] for name in LOAD_PROGRAMS)]
+        last = max(loads or events, key=lambda e: e["ts"] + e["dur"])
+        end, anchor = last["ts"] + last["dur"], last["name"][:100] if loads else "trace end"
         window = [{"at_us": round(e["ts"] - end, 1), "dur_us": round(e["dur"], 1),
                    "stream": str(threads.get((e["pid"], e["tid"]), e["tid"])), "name": e["name"][:100]}
-                  for e in events if e["ts"] >= end - WINDOW_US]
-    return {"device_events": len(events),
+                  for e in events if end - WINDOW_US <= e["ts"] < end]
+    return {"device_events": len(events), "anchor": anchor,
             "by_name": [{"name": n, "count": len(d), "median_us": round(statistics.median(d), 1),
                          "total_us": round(sum(d), 1)} for n, d in top],
             "last_hit": window[-120:]}

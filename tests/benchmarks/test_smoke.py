@@ -295,8 +295,14 @@ def test_profile_hits_summarises_device_timelines():
         {"ph": "X", "name": "memcpy", "pid": 1, "tid": 7, "ts": 29000.0, "dur": 900.0},
         {"ph": "X", "name": "python", "pid": 2, "tid": 1, "ts": 29500.0, "dur": 50.0}]}
     s = profile_hits.summarise(trace)
-    assert s["device_events"] == 3
+    assert s["device_events"] == 3 and s["anchor"] == "trace end"
     assert s["by_name"][0] == {"name": "memcpy", "count": 1, "median_us": 900.0, "total_us": 900.0}
     assert {"name": "scatter", "count": 2, "median_us": 6.0, "total_us": 12.0} in s["by_name"]
     assert [(w["name"], w["at_us"], w["stream"]) for w in s["last_hit"]] == \
         [("memcpy", -1007.0, "Stream #7(MemcpyH2D)"), ("scatter", -7.0, "Stream #7(MemcpyH2D)")]
+    # with a load program on the timeline, the window ends with it, before the check's events
+    trace["traceEvents"] += [{"ph": "X", "name": "jit_fused_load", "pid": 1, "tid": 7, "ts": 28000.0, "dur": 2000.0},
+                             {"ph": "X", "name": "gather", "pid": 1, "tid": 7, "ts": 31000.0, "dur": 10.0}]
+    s = profile_hits.summarise(trace)
+    assert s["anchor"] == "jit_fused_load"
+    assert [(w["name"], w["at_us"]) for w in s["last_hit"]] == [("jit_fused_load", -2000.0), ("memcpy", -1000.0)]
