@@ -95,9 +95,10 @@ class AllocatorPrograms:
         self.read_shardings = self.pool_shardings if self.sharded else [self.home] * len(fmt.pools)
         # Loads of replicated pools on a mesh unpack on every rank from broadcast rows.
         self.broadcast_load = self.on_mesh and not self.sharded
-        kernel = dict(impl=impl, block_bytes=block_bytes, align_bytes=ROW_ALIGN_BYTES)
-        self._gather = functools.partial(pk.gather_pages, **kernel)
-        self._scatter = functools.partial(pk.scatter_pages, **kernel)
+        self._gather = functools.partial(pk.gather_pages, impl=impl, block_bytes=block_bytes,
+                                         align_bytes=ROW_ALIGN_BYTES)
+        self._scatter = functools.partial(pk.scatter_pages, impl=impl, block_bytes=block_bytes,
+                                          align_bytes=ROW_ALIGN_BYTES)
         self._cache: dict[tuple, jax.stages.Compiled] = {}
         self.jaxprs: dict[str, object] = {}
         self.hook: Callable | None = None   # instrumentation: `TransferEngine.on_program_call`
