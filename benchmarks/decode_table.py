@@ -6,7 +6,8 @@ suite` sets it. Per case this prints whether it was identical, what it compiled 
 serving, how many deferred loads the step landed, and the cached run's TTFT (median, p99,
 max and max / median over every request; p99 by rank, the
 request at or above 99 % of them), with the host-hit requests' median TTFT in the
-cached and in the recompute run.
+cached and in the recompute run, and how much of the slowest request's TTFT the garbage
+collector took (examples/gc_pauses.py).
 
     python benchmarks/decode_table.py benchmarks/results/gpu/decode_gpu.jsonl
     python benchmarks/decode_table.py RESULTS.jsonl --out table.json
@@ -23,7 +24,7 @@ import numpy as np
 
 COLUMNS = ("config", "seed", "device/host pages", "write policy", "layer groups", "identical",
            "compiles while serving", "landed by the step", "TTFT median / p99 / max", "max / median",
-           "host hits: cache median", "same requests, recompute median")
+           "host hits: cache median", "same requests, recompute median", "GC in the slowest request (ms)")
 
 
 def summarise(case: dict) -> dict:
@@ -31,6 +32,7 @@ def summarise(case: dict) -> dict:
     cached, recompute = case["ttft_ms_cache"], case["ttft_ms_recompute"]
     hits = [i for i, h in enumerate(case["host_hit_per_request"]) if h > 0]
     median = statistics.median(cached)
+    gc_ms = case.get("gc_ms_in_ttft_cache")      # absent in results of before the GC was timed
     return {
         "config": case["config"], "seed": case["seed"], "device_pages": case["device_pages"],
         "host_pages": case["host_pages"], "write_policy": case["write_policy"],
@@ -42,13 +44,15 @@ def summarise(case: dict) -> dict:
         "host_hit_requests": len(hits),
         "host_hit_ttft_ms_median": {"cache": statistics.median(cached[i] for i in hits) if hits else None,
                                     "recompute": statistics.median(recompute[i] for i in hits) if hits else None},
+        "gc_ms_slowest": None if gc_ms is None else gc_ms[cached.index(max(cached))],
+        "gc_frozen": case.get("gc_frozen_objects", 0) > 0,
     }
 
 
 def markdown(rows: list[dict]) -> str:
     def ms(v):
         return "—" if v is None else f"{v:.1f}"
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 6 + "---:|" * 2 + "---|" + "---:|" * 3]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 6 + "---:|" * 2 + "---|" + "---:|" * 4]
     for r in rows:
         t, h = r["ttft_ms"], r["host_hit_ttft_ms_median"]
         lines.append("| " + " | ".join(map(str, (
@@ -56,7 +60,7 @@ def markdown(rows: list[dict]) -> str:
             "blocking" if r["layer_groups"] is None else r["layer_groups"],
             "yes" if r["identical"] else "**no**", r["compiles_while_serving"], r["landed_by_step"],
             f"{t['median']:.1f} / {t['p99']:.1f} / {t['max']:.1f}", f"{r['max_over_median']:.2f}",
-            ms(h["cache"]), ms(h["recompute"])))) + " |")
+            ms(h["cache"]), ms(h["recompute"]), ms(r["gc_ms_slowest"])))) + " |")
     return "\n".join(lines)
 
 

@@ -33,7 +33,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
-from examples import cli  # noqa: E402
+from examples import cli, gc_pauses  # noqa: E402
 from examples.decode import identical, outcome_fields, warm_up  # noqa: E402
 from examples.gemma.conversation import EXAMPLES, MAX_TURNS, MAX_USERS, SYSTEM, USERS  # noqa: E402
 from examples.gemma.model import check_gemma_config  # noqa: E402
@@ -190,6 +190,7 @@ def main(argv=None) -> int:
     warm_up(model, cache)
     print(f"  compiled in {time.perf_counter() - t0:.1f} s", flush=True)
     fresh = cache.empty_device_pools()   # for the run with no cache: same shapes, same program
+    gc_pauses.settle()                   # the collector walks none of what warm-up made
     compiles = hc.CompileCounter()       # from here on, nothing should compile
     t0 = time.perf_counter()
     cached = converse(args, model, tok, cache)
@@ -198,6 +199,7 @@ def main(argv=None) -> int:
         print("\nthe same turns with no cache:", flush=True)
     plain = converse(args, model, tok, cache, pools=fresh)
     t2 = time.perf_counter()
+    gc_pauses.unsettle()
     same = identical(cached, plain)
     print(summary(args, cache, cached, plain))
     print(f"\nwith cache {t1 - t0:.1f} s, recompute {t2 - t1:.1f} s; bit-identical: {same}")

@@ -25,7 +25,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
-from examples import cli  # noqa: E402
+from examples import cli, gc_pauses  # noqa: E402
 from examples.serving_loop import Outcome, run_cached, run_uncached  # noqa: E402
 from examples.tiny_models import make_model  # noqa: E402
 
@@ -154,6 +154,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="deferred load-backs: the first prefill chunk lands a host hit layer group by layer group")
     ap.add_argument("--layer-groups", type=int, default=2, help="with --overlap: the host tier's layer groups")
     ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call (slow)")
+    ap.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                    help="leave the heap unfrozen after warm-up (examples/gc_pauses.py: the collector's full "
+                         "passes then walk every object jax and the model made, inside some request's TTFT)")
     ap.add_argument("--quiet", dest="progress", action="store_false", help="no per-request lines")
     args = ap.parse_args(argv)
     cli.check_range(ap, args, {"seed": (0, 2**32 - 1), "requests": (1, MAX_REQUESTS), "turns": (1, MAX_REQUESTS),
@@ -220,13 +223,16 @@ def main(argv=None) -> int:
     print("compiling the transfer programs and the model (a one-off, some seconds) ...", flush=True)
     cache.warmup(args.max_pages)
     warm_up(model, cache, landings=args.overlap)
+    frozen = gc_pauses.settle() if args.gc_freeze else 0
     compiles = hc.CompileCounter()     # from here on, nothing should compile
+    full_passes = gc_pauses.full_passes()
     t0 = time.perf_counter()
     with_cache = serve(args, model, cache)
     t1 = time.perf_counter()
     # same model, same pool shapes and placement: the same compiled program, with no cache
     without = serve(args, model, cache, pools=cache.empty_device_pools())
     t2 = time.perf_counter()
+    gc_pauses.unsettle()
     if compiles.count:
         print(f"compiled while serving: {', '.join(compiles.names)}")
     same = identical(with_cache, without)
@@ -238,7 +244,8 @@ def main(argv=None) -> int:
     result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
                   window_policy=args.policy.name, overlap=args.overlap,
                   deferred_loads=dict(cache.stats().deferred_loads), compiles_while_serving=compiles.count,
-                  background_compiles=compiles.background)
+                  background_compiles=compiles.background, gc_frozen_objects=frozen,
+                  gc_full_passes_while_serving=gc_pauses.full_passes() - full_passes)
     cache.close()
     print(json.dumps(result))
     return 0 if same else 1
@@ -275,6 +282,8 @@ def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[O
         "load_bytes": sum(s.load_bytes.values()),
         "ttft_ms_cache": [round(1e3 * o.ttft_s, 3) for o in with_cache],
         "ttft_ms_recompute": [round(1e3 * o.ttft_s, 3) for o in without],
+        "gc_ms_in_ttft_cache": [round(1e3 * o.gc_s, 3) for o in with_cache],
+        "gc_ms_in_ttft_recompute": [round(1e3 * o.gc_s, 3) for o in without],
         "host_hit_per_request": [o.host_hit for o in with_cache],
         "storage_hit_per_request": [o.storage_hit for o in with_cache],
         "dropped_tokens": dict(s.dropped_tokens),

@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 import jax  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
+from examples import gc_pauses  # noqa: E402
 from examples.batching.check import check, sample_indices  # noqa: E402
 from examples.batching.loop import serve, warm_up  # noqa: E402
 from examples.batching.modes import CacheCalls, CacheKind, make_cache  # noqa: E402
@@ -178,11 +179,13 @@ def main(argv=None) -> int:
     for cache in caches.values():
         warm_up(model, cache, B, rows)
     alone_pools = caches[CacheKind.HICACHE].empty_device_pools()   # for the check: same shapes, same program
+    gc_pauses.settle()                    # the collector walks none of what warm-up made
     say(args, f"  ready in {time.perf_counter() - t0:.1f} s")
     compiles = hc.CompileCounter()        # from here on, nothing should compile
     runs = {}
     for kind, cache in caches.items():
         runs[kind.value] = serve(jobs, model, CacheCalls(kind, cache, args.policy), B, sample, not args.quiet)
+    gc_pauses.unsettle()
     result = check(model, alone_pools, jobs, runs, sample, B)
     summaries = {name: summarize(run) for name, run in runs.items()}
     if compiles.count:

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 
 import hicache_jax as hc
+from examples import gc_pauses
 
 EVERY_PAGE = hc.WindowPolicy.parse("every")     # every page boundary stays a stop point
 
@@ -29,6 +30,7 @@ class Outcome:
     tokens: list[int]                       # generated tokens
     logits: list[np.ndarray]                # f32[vocab] behind each generated token
     ttft_s: float                           # first token's latency (prompt prefill included)
+    gc_s: float = 0.0                       # of that, the garbage collector's pauses (examples/gc_pauses.py)
     device_hit: int = 0                     # prompt tokens found on device
     host_hit: int = 0                       # prompt tokens loaded back from host
     storage_hit: int = 0                    # of those, tokens just fetched from the storage tier
@@ -101,7 +103,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     swa_alloc = cache.swa_allocator
     out = out or Outcome([], [], 0.0)
     seq = np.concatenate([prompt, np.asarray(out.tokens, np.int32)]).astype(np.int32)
-    t0 = time.perf_counter()
+    t0, g0 = time.perf_counter(), gc_pauses.spent()
     cache.step()               # apply what completed since the last request
     prefix = cache.acquire(seq, deferred=overlap)
     usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
@@ -121,7 +123,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     out.computed += len(seq) - usable
     if not out.ttft_s:
         jax.block_until_ready(req.pools)
-        out.ttft_s = time.perf_counter() - t0
+        out.ttft_s, out.gc_s = time.perf_counter() - t0, gc_pauses.spent() - g0
     req.decode(logits, gen, out, stop_after=preempt_at, stop_tokens=stop_tokens)
     cache.set_device_pools(req.pools, landed=req.landed)
     n = len(req.seq) - 1          # the last token was sampled, not yet computed
@@ -152,10 +154,10 @@ def run_uncached(model, pools, prompt: np.ndarray, gen: int, stop_tokens: frozen
     P = model.page_size
     n_pages = -(-(len(prompt) + gen) // P)
     pages = list(range(n_pages))
-    t0 = time.perf_counter()
+    t0, g0 = time.perf_counter(), gc_pauses.spent()
     req = PagedRequest(model, pools, prompt, pages, {q: q for q in range(n_pages)})
     logits = req.prefill(0)
     jax.block_until_ready(req.pools)
-    out = Outcome([], [], time.perf_counter() - t0, computed=len(prompt))
+    out = Outcome([], [], time.perf_counter() - t0, gc_pauses.spent() - g0, computed=len(prompt))
     req.decode(logits, gen, out, stop_tokens=stop_tokens)
     return req.pools, out

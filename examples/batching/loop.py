@@ -25,6 +25,7 @@ import time
 import numpy as np
 
 import hicache_jax as hc
+from examples import gc_pauses
 from examples.batching.modes import CacheCalls, CacheKind
 from examples.batching.progress import ProgressBar
 from examples.batching.scheduler import Scheduler
@@ -62,6 +63,8 @@ class Run:
     background_compiles: int        # fused load programs compiled on the engine's thread meanwhile
     background_compile_s: float     # their XLA compile time (tracing and lowering not included)
     program_calls: dict[str, int]   # transfer programs the cache ran, by kind ("plan:load_pieces": fused loads)
+    gc_s: float                     # the garbage collector's pauses meanwhile (examples/gc_pauses.py)
+    gc_full_passes: int             # of which full (generation 2) passes
 
 
 def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: frozenset[int] = frozenset(),
@@ -79,6 +82,7 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     clock, done, t_start = 0.0, 0, time.perf_counter()
     phases = dict.fromkeys(PHASES, 0.0)
     compiles = hc.CompileCounter()
+    gc0 = gc_pauses.spent(), gc_pauses.full_passes()
     program_calls = collections.Counter()
 
     def count(label, program, *args):             # the cache's transfer programs, by kind
@@ -123,7 +127,7 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     seqs.sort(key=lambda s: s.job.index)
     return Run(calls.kind, seqs, steps, sched.preemptions, sched.refused_admissions, calls.cache.stats(),
                time.perf_counter() - t_start, phases, compiles.background, compiles.background_s,
-               dict(sorted(program_calls.items())))
+               dict(sorted(program_calls.items())), gc_pauses.spent() - gc0[0], gc_pauses.full_passes() - gc0[1])
 
 
 def warm_up(model, cache: hc.HiCache, max_batch: int, sample_rows: int) -> None:

@@ -59,6 +59,7 @@ def summarize(run: Run) -> dict:
         "phase_s": {phase: round(spent, 3) for phase, spent in run.phase_s.items()},
         "background_compiles": run.background_compiles,
         "background_compile_s": round(run.background_compile_s, 3),
+        "gc_s": round(run.gc_s, 3), "gc_full_passes": run.gc_full_passes,
         "fused_loads": run.program_calls.get(FUSED_LOAD, 0),
         "program_calls": run.program_calls,
     }

@@ -1,5 +1,6 @@
 """The decode example: tiny V4, V4.1 and GQA models served through HiCache give tokens
 and logits bit-identical to a full recompute, with prefixes restored from host."""
+import gc
 import json
 
 import pytest
@@ -23,6 +24,11 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
     result = json.loads(out[-1])
     assert result["identical"] is True and code == 0 and result["compiles_while_serving"] == 0
     assert result["host_hit_tokens"] > 0 and result["load_bytes"] > 0 and result["backup_bytes"] > 0
+    # the heap was frozen after warm-up and thawed after serving; each request says its GC share of TTFT
+    assert result["gc_frozen_objects"] > 0 and gc.get_freeze_count() == 0
+    for run in ("cache", "recompute"):
+        assert len(result[f"gc_ms_in_ttft_{run}"]) == len(result[f"ttft_ms_{run}"]) == 8
+        assert all(0 <= g <= t for g, t in zip(result[f"gc_ms_in_ttft_{run}"], result[f"ttft_ms_{run}"]))
     assert result["recomputed_tokens"] < result["no_cache_computed_tokens"]
     # the default window policy: SWA pages at request ends and every N pages only
     assert result["window_policy"] == hc.DEFAULT_WINDOW_POLICY
