@@ -7,7 +7,8 @@ serving, how many deferred loads the step landed, and the cached run's TTFT (med
 max and max / median over every request; p99 by rank, the
 request at or above 99 % of them), with the host-hit requests' median TTFT in the
 cached and in the recompute run, and how much of the slowest request's TTFT the garbage
-collector took (examples/gc_pauses.py).
+collector took (examples/gc_pauses.py) and how many transfer programs it ran for the
+first time in the process (examples/program_runs.py).
 
     python benchmarks/decode_table.py benchmarks/results/gpu/decode_gpu.jsonl
     python benchmarks/decode_table.py RESULTS.jsonl --out table.json
@@ -24,7 +25,8 @@ import numpy as np
 
 COLUMNS = ("config", "seed", "device/host pages", "write policy", "layer groups", "identical",
            "compiles while serving", "landed by the step", "TTFT median / p99 / max", "max / median",
-           "host hits: cache median", "same requests, recompute median", "GC in the slowest request (ms)")
+           "host hits: cache median", "same requests, recompute median", "GC in the slowest request (ms)",
+           "programs first run in the slowest request")
 
 
 def summarise(case: dict) -> dict:
@@ -45,6 +47,8 @@ def summarise(case: dict) -> dict:
         "host_hit_ttft_ms_median": {"cache": statistics.median(cached[i] for i in hits) if hits else None,
                                     "recompute": statistics.median(recompute[i] for i in hits) if hits else None},
         "gc_ms_slowest": None if gc_ms is None else gc_ms[cached.index(max(cached))],
+        "first_runs_slowest": None if "first_program_runs_in_ttft" not in case
+        else case["first_program_runs_in_ttft"][cached.index(max(cached))],
         "gc_frozen": case.get("gc_frozen_objects", 0) > 0,
     }
 
@@ -52,7 +56,7 @@ def summarise(case: dict) -> dict:
 def markdown(rows: list[dict]) -> str:
     def ms(v):
         return "—" if v is None else f"{v:.1f}"
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 6 + "---:|" * 2 + "---|" + "---:|" * 4]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 6 + "---:|" * 2 + "---|" + "---:|" * 5]
     for r in rows:
         t, h = r["ttft_ms"], r["host_hit_ttft_ms_median"]
         lines.append("| " + " | ".join(map(str, (
@@ -60,7 +64,8 @@ def markdown(rows: list[dict]) -> str:
             "blocking" if r["layer_groups"] is None else r["layer_groups"],
             "yes" if r["identical"] else "**no**", r["compiles_while_serving"], r["landed_by_step"],
             f"{t['median']:.1f} / {t['p99']:.1f} / {t['max']:.1f}", f"{r['max_over_median']:.2f}",
-            ms(h["cache"]), ms(h["recompute"]), ms(r["gc_ms_slowest"])))) + " |")
+            ms(h["cache"]), ms(h["recompute"]), ms(r["gc_ms_slowest"]),
+            "—" if r["first_runs_slowest"] is None else r["first_runs_slowest"]))) + " |")
     return "\n".join(lines)
 
 

@@ -25,7 +25,7 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
-from examples import cli, gc_pauses  # noqa: E402
+from examples import cli, gc_pauses, program_runs  # noqa: E402
 from examples.serving_loop import Outcome, run_cached, run_uncached  # noqa: E402
 from examples.tiny_models import make_model  # noqa: E402
 
@@ -225,7 +225,8 @@ def main(argv=None) -> int:
     warm_up(model, cache, landings=args.overlap)
     frozen = gc_pauses.settle() if args.gc_freeze else 0
     compiles = hc.CompileCounter()     # from here on, nothing should compile
-    full_passes = gc_pauses.full_passes()
+    full_passes, runs = gc_pauses.full_passes(), program_runs.first_runs()
+    program_runs.watch(cache)
     t0 = time.perf_counter()
     with_cache = serve(args, model, cache)
     t1 = time.perf_counter()
@@ -245,7 +246,8 @@ def main(argv=None) -> int:
                   window_policy=args.policy.name, overlap=args.overlap,
                   deferred_loads=dict(cache.stats().deferred_loads), compiles_while_serving=compiles.count,
                   background_compiles=compiles.background, gc_frozen_objects=frozen,
-                  gc_full_passes_while_serving=gc_pauses.full_passes() - full_passes)
+                  gc_full_passes_while_serving=gc_pauses.full_passes() - full_passes,
+                  first_program_runs_while_serving=program_runs.first_runs() - runs)
     cache.close()
     print(json.dumps(result))
     return 0 if same else 1
@@ -284,6 +286,7 @@ def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[O
         "ttft_ms_recompute": [round(1e3 * o.ttft_s, 3) for o in without],
         "gc_ms_in_ttft_cache": [round(1e3 * o.gc_s, 3) for o in with_cache],
         "gc_ms_in_ttft_recompute": [round(1e3 * o.gc_s, 3) for o in without],
+        "first_program_runs_in_ttft": [o.first_runs for o in with_cache],
         "host_hit_per_request": [o.host_hit for o in with_cache],
         "storage_hit_per_request": [o.storage_hit for o in with_cache],
         "dropped_tokens": dict(s.dropped_tokens),

@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 import hicache_jax as hc
-from examples import gc_pauses
+from examples import gc_pauses, program_runs
 
 EVERY_PAGE = hc.WindowPolicy.parse("every")     # every page boundary stays a stop point
 
@@ -31,6 +31,7 @@ class Outcome:
     logits: list[np.ndarray]                # f32[vocab] behind each generated token
     ttft_s: float                           # first token's latency (prompt prefill included)
     gc_s: float = 0.0                       # of that, the garbage collector's pauses (examples/gc_pauses.py)
+    first_runs: int = 0                     # transfer programs it ran for the first time (program_runs.py)
     device_hit: int = 0                     # prompt tokens found on device
     host_hit: int = 0                       # prompt tokens loaded back from host
     storage_hit: int = 0                    # of those, tokens just fetched from the storage tier
@@ -103,7 +104,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     swa_alloc = cache.swa_allocator
     out = out or Outcome([], [], 0.0)
     seq = np.concatenate([prompt, np.asarray(out.tokens, np.int32)]).astype(np.int32)
-    t0, g0 = time.perf_counter(), gc_pauses.spent()
+    t0, g0, r0 = time.perf_counter(), gc_pauses.spent(), program_runs.first_runs()
     cache.step()               # apply what completed since the last request
     prefix = cache.acquire(seq, deferred=overlap)
     usable, table, window = prefix.length, prefix.device_pages, prefix.swa_pages
@@ -124,6 +125,7 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     if not out.ttft_s:
         jax.block_until_ready(req.pools)
         out.ttft_s, out.gc_s = time.perf_counter() - t0, gc_pauses.spent() - g0
+        out.first_runs = program_runs.first_runs() - r0
     req.decode(logits, gen, out, stop_after=preempt_at, stop_tokens=stop_tokens)
     cache.set_device_pools(req.pools, landed=req.landed)
     n = len(req.seq) - 1          # the last token was sampled, not yet computed

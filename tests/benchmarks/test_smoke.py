@@ -244,7 +244,7 @@ def test_decode_table_reproduces_the_published_rows(tmp_path):
     table = r.stdout.splitlines()
     assert len(table) == 2 + len(cases)
     # (results of before the GC was timed: its column says "—")
-    assert "| tiny_v4 | 9090 | 8/32 | write_through | blocking | yes | 0 | 0 | 5.7 / 7.9 / 7.9 | 1.38 | 5.6 | 5.2 | — |" \
+    assert "| tiny_v4 | 9090 | 8/32 | write_through | blocking | yes | 0 | 0 | 5.7 / 7.9 / 7.9 | 1.38 | 5.6 | 5.2 | — | — |" \
         in [line.replace("tiny-v4", "tiny_v4") for line in table]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert sum(not row["identical"] for row in rows) == 10         # every grouped row of that commit
