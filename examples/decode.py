@@ -221,12 +221,12 @@ def main(argv=None) -> int:
           flush=True)
     cache = make_cache(args)
     print("compiling the transfer programs and the model (a one-off, some seconds) ...", flush=True)
+    program_runs.watch(cache)         # from warm-up on: what it runs is not new while serving
     cache.warmup(args.max_pages)
     warm_up(model, cache, landings=args.overlap)
     frozen = gc_pauses.settle() if args.gc_freeze else 0
     compiles = hc.CompileCounter()     # from here on, nothing should compile
     full_passes, runs = gc_pauses.full_passes(), program_runs.first_runs()
-    program_runs.watch(cache)
     t0 = time.perf_counter()
     with_cache = serve(args, model, cache)
     t1 = time.perf_counter()

@@ -97,11 +97,14 @@ class HiCache(CacheSeams):
 
     def warmup(self, max_pages: int | None = None) -> None:
         """Compile the transfer programs of every plan of up to `max_pages` pages per chunk,
-        ahead of the first transfer, and keep every one-page index on the device, so no hit
-        hands its page index over (see `TransferEngine.warmup`)."""
+        ahead of the first transfer, and run each once on pages that move nothing (on one
+        device: a GPU loads a program's kernels at its first run), and keep every one-page
+        index on the device, so no hit hands its page index over (see
+        `TransferEngine.warmup` and `warm_runs`). The pools' bytes are unchanged."""
         if max_pages is not None:
             validate.count("max_pages", max_pages, minimum=1)
         self._engine.warmup(max_pages)
+        self._data.warm_runs()
         self._data.warm_landings()
 
     def landing_examples(self):

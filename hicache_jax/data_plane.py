@@ -49,6 +49,9 @@ class DataPlane:
     def warm_landings(self) -> None:
         self.pools = self.engine.warm_landings(self.pools)
 
+    def warm_runs(self) -> None:
+        self.pools = self.engine.warm_runs(self.pools)
+
     # -- transfers -----------------------------------------------------------------------------
     def start(self, tid: TransferId, plan: TransferPlan, host_tokens: int = 0, piece_bytes: int | None = None,
               deferred: bool = False) -> bool:

@@ -112,6 +112,15 @@ class ChunkDispatch:
             tokens.append(token)
         return tokens
 
+    @property
+    def ints(self) -> ResidentIndices:
+        return self._ints
+
+    def set_staging(self, progs: AllocatorPrograms, staging: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        """Keep `staging` (a program's output over the donated buffer) as `progs`' staging buffer."""
+        self._staging[progs.fmt.allocator] = staging
+        return staging
+
     def staging_buffer(self, progs: AllocatorPrograms) -> jax.Array:
         a = progs.fmt.allocator
         if a not in self._staging:

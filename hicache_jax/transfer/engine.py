@@ -35,7 +35,7 @@ from hicache_jax.layout import PoolLayout
 from hicache_jax.layout import groups
 from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.pools import DevicePools, Devices, HostTier, RowFormat, checked_page_counts
-from hicache_jax.transfer import chunks as chunking, warm
+from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.blocks import HostBlocks
 from hicache_jax.transfer.dispatch import ChunkDispatch, backup_keys
 from hicache_jax.transfer.early import EarlyCopies
@@ -46,14 +46,15 @@ from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.plan_programs import PlanPrograms, fused_entries
 from hicache_jax.transfer.programs import AllocatorPrograms, resolve_kernels
 from hicache_jax.transfer.resident import ResidentIndices
+from hicache_jax.transfer.warm import MAX_CHUNK_PAGES
+from hicache_jax.transfer.warm_runs import EngineWarmup
 from hicache_jax.transfer.whole import WholePlans
 
 log = logging.getLogger("hicache_jax.transfer")
 
-MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
 
 
-class TransferEngine(EngineSeams):
+class TransferEngine(EngineSeams, EngineWarmup):
     """Device pools <-> pinned host pools for one layout (optionally on a `("tp",)` mesh).
 
     Holds the host tier (its memory pinned here; pages read as zeros until written).
@@ -120,6 +121,7 @@ class TransferEngine(EngineSeams):
         self._whole = WholePlans(self._programs, self.host, layout.anchor.name, layout.window_pages(),
                                  mesh is not None)
         self._needed = groups.needed_groups(layout, self.layer_groups)   # per model layer (landings)
+        self._warm: tuple[list, list] = ([], [])    # what `warmup` compiled, for `warm_runs`
 
     # -- device pools ----------------------------------------------------------------------
     def init_device_pools(self) -> dict[str, jax.Array]:
@@ -262,30 +264,6 @@ class TransferEngine(EngineSeams):
         for example in self.landing_examples():
             out = self.land(example, out)
         return out
-
-    def warmup(self, max_pages: int | None = None) -> int:
-        """Compile ahead of use every program a chunk of up to `max_pages` pages (default:
-        the chunk size) can need, in both directions: pack and unpack of each padded size,
-        the pieces a backup cuts, a whole-block load of each size, and the copies of any
-        piece of any block up to that size (L3 reads included); with several allocators
-        on one device, the one-program plans of a prefix's load-back and backup. Allocates
-        the staging buffers, and on one device keeps every one-page index on it
-        (`ResidentIndices.fill`). Returns the number of programs compiled so far."""
-        if max_pages is not None and max_pages < 1:
-            raise ValueError(f"warmup needs max_pages >= 1, got {max_pages}")
-        self._ints.fill()
-        for progs in self._programs.values():
-            self._dispatch.staging_buffer(progs)
-            limit = progs.chunk_pages if max_pages is None else min(progs.chunk_pages, max_pages)
-            for key in warm.chunk_keys(progs, limit, lambda pages: self._early.early(progs, pages)):
-                progs.compiled(*key)
-        plans = [] if self.devices.mesh is not None else warm.plan_shapes(
-            self._programs, self.layout.anchor.name, self._whole.window, MAX_CHUNK_PAGES, max_pages)
-        for runs in plans:
-            self._plan_programs.compiled(True, runs)
-            self._plan_programs.compiled(False, tuple((a, n, int(self._early.early(self._programs[a], n)))
-                                                      for a, n in runs))
-        return sum(len(p.jaxprs) for p in self._programs.values()) + len(self._plan_programs.jaxprs)
 
 
 @functools.partial(jax.jit, donate_argnums=0)

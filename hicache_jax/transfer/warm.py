@@ -7,6 +7,8 @@ from collections.abc import Callable, Mapping
 
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
+MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
+
 
 def pow2_upto(n: int) -> list[int]:
     """1, 2, 4, ... up to `n`."""

@@ -29,9 +29,8 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
     for run in ("cache", "recompute"):
         assert len(result[f"gc_ms_in_ttft_{run}"]) == len(result[f"ttft_ms_{run}"]) == 8
         assert all(0 <= g <= t for g, t in zip(result[f"gc_ms_in_ttft_{run}"], result[f"ttft_ms_{run}"]))
-    # the transfer programs each request ran for the first time in this process
-    firsts = result["first_program_runs_in_ttft"]
-    assert len(firsts) == 8 and min(firsts) >= 0 and sum(firsts) <= result["first_program_runs_while_serving"]
+    # warm-up ran every transfer program once: none runs for the first time while serving
+    assert result["first_program_runs_in_ttft"] == [0] * 8 and result["first_program_runs_while_serving"] == 0
     assert result["recomputed_tokens"] < result["no_cache_computed_tokens"]
     # the default window policy: SWA pages at request ends and every N pages only
     assert result["window_policy"] == hc.DEFAULT_WINDOW_POLICY
@@ -55,7 +54,7 @@ def test_decode_with_overlapped_load_backs_is_bit_identical(config, groups, caps
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["identical"] is True and code == 0 and result["overlap"] is True
     assert result["host_hit_tokens"] > 0 and result["deferred_loads"].get("step", 0) > 0
-    assert result["compiles_while_serving"] == 0
+    assert result["compiles_while_serving"] == 0 and result["first_program_runs_while_serving"] == 0
 
 
 @pytest.mark.slow

@@ -1,5 +1,6 @@
-"""On an NVIDIA GPU: the decode example, overlapped or not, is bit-identical to recompute and
-compiles nothing while it serves (`pytest -m gpu`; skipped elsewhere).
+"""On an NVIDIA GPU: the decode example, overlapped or not, is bit-identical to recompute,
+compiles nothing and runs no transfer program for the first time while it serves
+(`pytest -m gpu`; skipped elsewhere).
 
 Each case runs `examples/decode.py` in this process (models and transfer programs of equal
 shapes are compiled once per process) and appends its JSON line to the file named by
@@ -50,6 +51,7 @@ def test_decode_is_bit_identical_and_compiles_nothing_while_serving(capsys, conf
     out = run_decode(capsys, config, seed, dev, host, policy, groups)
     assert out["identical"] and out["rc"] == 0
     assert out["compiles_while_serving"] == 0
+    assert out["first_program_runs_while_serving"] == 0    # warm-up ran them (on a GPU: loaded their kernels)
     assert out["host_hit_tokens"] > 0
     if groups is not None:     # the step landed host hits itself, every layer group included
         assert out["deferred_loads"].get("step", 0) > 0, out["deferred_loads"]

@@ -326,6 +326,33 @@ def test_after_warmup_no_plan_compiles(v4):
         engine.warmup(max_pages=0)
 
 
+def test_warm_runs_run_every_warmed_program_once_and_leave_the_bytes(v4):
+    """`warm_runs` after `warmup`: each program compiled (chunk programs and the plans of
+    several allocators) runs once, on PAD pages, so the pools keep every byte; a host hit
+    afterwards runs nothing for the first time. Misuse: pools that are not the engine's."""
+    layout, _ = v4
+    engine = TransferEngine(layout, {"kv": 8, "swa": 4}, {"kv": 16, "swa": 8})
+    engine.warmup(max_pages=4)
+    rng = np.random.default_rng(3)
+    pools = {name: jnp.asarray(rng.integers(-100, 100, p.shape).astype(p.dtype))
+             for name, p in engine.init_device_pools().items()}
+    before = {name: np.asarray(p) for name, p in pools.items()}
+    ran = []
+    engine.on_program_call(lambda label, program, *args: ran.append(label) or program(*args))
+    pools = engine.warm_runs(pools)
+    assert all(np.array_equal(np.asarray(pools[n]), before[n]) for n in before)
+    assert len(ran) == len(set(ran)) and {"kv:pack[4]", "kv:load_block[4, 0]", "kv:h2d[4, 2]", "swa:unpack[2]"} <= set(ran)
+    assert any(label.startswith("plan:load_block") for label in ran) and any(l.startswith("plan:pack") for l in ran)
+    warmed = set(ran)
+    for direction, device_pages in (("backup", [1, 2]), ("load", [6, 7])):   # a hit of two pages
+        pools, handle = engine.start(make_plan(layout, direction, {"kv": (device_pages, [4, 5])}), pools)
+        handle.wait()
+    assert np.array_equal(np.asarray(pools["deepseek_v4_c4"])[:, 6:8], before["deepseek_v4_c4"][:, 1:3])
+    assert set(ran) <= warmed, sorted(set(ran) - warmed)
+    with pytest.raises(ValueError):
+        engine.warm_runs({"kv": pools["swa"]})
+
+
 def test_host_check_catches_compute_on_a_host_array():
     host = jax.device_put(np.zeros((4, 8), np.float32),
                           jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host"))
