@@ -40,6 +40,7 @@ from examples import gc_pauses  # noqa: E402
 from examples.batching.check import check, sample_indices  # noqa: E402
 from examples.batching.loop import serve, warm_up  # noqa: E402
 from examples.batching.modes import CacheCalls, CacheKind, make_cache  # noqa: E402
+from examples.batching.scheduler import ADMISSIONS  # noqa: E402
 from examples.batching.report import ratios, summarize, table  # noqa: E402
 from examples.batching.workload import load_jobs  # noqa: E402
 from hicache_jax.trace import BLOCK_TOKENS  # noqa: E402
@@ -71,13 +72,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--quiet", action="store_true", help="no progress bars or per-run lines")
     ap.add_argument("--device-pages", type=int, default=None,
                     help="device pages per allocator (default: half of what --max-batch requests of the "
-                         "longest length need, at least one such request: the loop preempts under load)")
+                         "longest length need, at least one such request: under load the newest are preempted, or "
+                         "with --admission reserve fewer run at once)")
     ap.add_argument("--host-pages", type=int, default=None, help="host pages per allocator (default: 8 x device)")
     ap.add_argument("--write-policy", default="write_through", choices=[p.value for p in hc.WritePolicyName],
                     help="when the HiCache run backs pages up" + d)
     ap.add_argument("--window-policy", default=None, metavar="POLICY",
                     help="stop points that keep their SWA pages (default: ends+every_N, N pages = one "
                          f"{BLOCK_TOKENS}-token trace block)")
+    ap.add_argument("--admission", default="eager", choices=ADMISSIONS,
+                    help="eager: admit a request when its first chunk fits (the newest are preempted as the "
+                         "device fills); reserve: when the device can hold all of its pages beside what the "
+                         "running ones will still take (fewer at once, no preemption)" + d)
     ap.add_argument("--fuse-after", type=int, default=None, metavar="N",
                     help="HiCache run: compile a load shape's one program at its N-th sighting, 0: never "
                          "(TransferConfig.fuse_after; default: its default)")
@@ -184,7 +190,8 @@ def main(argv=None) -> int:
     compiles = hc.CompileCounter()        # from here on, nothing should compile
     runs = {}
     for kind, cache in caches.items():
-        runs[kind.value] = serve(jobs, model, CacheCalls(kind, cache, args.policy), B, sample, not args.quiet)
+        runs[kind.value] = serve(jobs, model, CacheCalls(kind, cache, args.policy), B, sample, not args.quiet,
+                                 args.admission)
     gc_pauses.unsettle()
     result = check(model, alone_pools, jobs, runs, sample, B)
     summaries = {name: summarize(run) for name, run in runs.items()}
@@ -215,7 +222,7 @@ def main(argv=None) -> int:
         "device_pages": args.device_pages, "host_pages": args.host_pages, "max_pages": args.max_pages,
         "chunk": model.chunk_size, "time_scale": args.time_scale, "max_input_tokens": args.max_input_tokens,
         "max_output_tokens": args.max_output_tokens, "write_policy": args.write_policy,
-        "window_policy": args.policy.name, "fuse_after": caches[CacheKind.HICACHE].config.transfer.fuse_after,
+        "window_policy": args.policy.name, "admission": args.admission, "fuse_after": caches[CacheKind.HICACHE].config.transfer.fuse_after,
         "platform": jax.devices()[0].platform, "jax": jax.__version__,
         "runs": summaries,
     }

@@ -63,16 +63,18 @@ class Run:
     background_compiles: int        # fused load programs compiled on the engine's thread meanwhile
     background_compile_s: float     # their XLA compile time (tracing and lowering not included)
     program_calls: dict[str, int]   # transfer programs the cache ran, by kind ("plan:load_pieces": fused loads)
+    cache_phases_s: dict[str, float]  # the cache's calls by phase (`HiCache.time_phases`: match, plan, dispatch, wait)
     gc_s: float                     # the garbage collector's pauses meanwhile (examples/gc_pauses.py)
     gc_full_passes: int             # of which full (generation 2) passes
 
 
 def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: frozenset[int] = frozenset(),
-          progress: bool = True) -> Run:
+          progress: bool = True, admission: str = "eager") -> Run:
     """Serve `jobs` (in arrival order) through `calls` with `model.forward_batch` on `max_batch`
-    slots. `sample`: job indices whose full logits rows are kept (for the identity check).
+    slots. `sample`: job indices whose full logits rows are kept (for the identity check);
+    `admission`: the scheduler's (`Scheduler`: "eager" or "reserve").
     The cache's pools must have had the step compiled on them (warm-up)."""
-    sched = Scheduler(calls, model.chunk_size, max_batch)
+    sched = Scheduler(calls, model.chunk_size, max_batch, admission)
     C, M = model.chunk_size, model.max_pages
     rows = np.zeros(min(len(sample), max_batch), np.int32)
     pending = collections.deque(jobs)
@@ -89,6 +91,7 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
         program_calls[label.split("[")[0]] += 1
         return program(*args)
     calls.cache.on_program_call(count)
+    cache_phases = calls.cache.time_phases()      # where the schedule's cache calls spend their time
     while pending or sched.busy:
         if not sched.busy:
             clock = max(clock, pending[0].arrival_s)        # idle: the next arrival comes
@@ -127,7 +130,8 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     seqs.sort(key=lambda s: s.job.index)
     return Run(calls.kind, seqs, steps, sched.preemptions, sched.refused_admissions, calls.cache.stats(),
                time.perf_counter() - t_start, phases, compiles.background, compiles.background_s,
-               dict(sorted(program_calls.items())), gc_pauses.spent() - gc0[0], gc_pauses.full_passes() - gc0[1])
+               dict(sorted(program_calls.items())), dict(cache_phases), gc_pauses.spent() - gc0[0],
+               gc_pauses.full_passes() - gc0[1])
 
 
 def warm_up(model, cache: hc.HiCache, max_batch: int, sample_rows: int) -> None:

@@ -48,7 +48,8 @@ def make_cache(kind: CacheKind, layout, device_pages: int, host_pages: int,
 class CacheCalls:
     """The cache calls of a batched loop for one `CacheKind`.
 
-    Per step the scheduler calls `step()`; `alloc` + `grow` for running sequences' next
+    Per step the scheduler calls `step()`; `room()` to reserve pages for admissions (not
+    under eager admission); `alloc` + `grow` for running sequences' next
     chunks (`release` of the newest when it must preempt); `acquire` for the requests it
     admits (one call for all of them), then `alloc` + `place` for each one's first chunk
     (`refuse` for one that does not fit); the loop runs the model step on
@@ -70,6 +71,13 @@ class CacheCalls:
                 return [None] * len(prompts)
             case _:
                 return self.cache.acquire_many(prompts, load_back=self.kind is CacheKind.HICACHE, deferred=False)
+
+    def room(self) -> int:
+        """New logical pages `alloc` could grant now (each takes an anchor page, and an SWA
+        page where the layout has one): `device_room()`, free pages and the tree's unpinned ones."""
+        room = self.cache.device_room()
+        swa = self.cache.swa_allocator
+        return min(room[self.cache.anchor], room[swa]) if swa else room[self.cache.anchor]
 
     def alloc(self, pages: int) -> tuple[list[int], list[int]] | None:
         """(anchor pages, SWA pages) for `pages` new logical pages, or None: no room now."""

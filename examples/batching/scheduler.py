@@ -12,13 +12,21 @@ Continuous batching over at most `max_batch` slots. Each step, before the model 
    device has: the command line checks it before starting).
 2. **Admit.** Requests that arrived wait in a FIFO queue. While slots are free, the head of
    the queue is admitted: its cached prefix is acquired (the candidates of one step in one
-   call, `acquire_many`) and its first chunk's pages allocated. A candidate whose pages do
-   not fit gives its prefix back and waits, with every request behind it, until a
-   sequence finishes (FIFO: no request overtakes an earlier one). `device_room()` says
-   what `alloc` could grant at once, but not the pages in-flight backups will release
-   (`alloc` waits for those), so admission learns it by asking: a refused candidate's
-   `acquire` was done for nothing (and may have loaded its prefix back, which then waits
-   on device as a device hit).
+   call, `acquire_many`) and its first chunk's pages allocated. With `admission="eager"`
+   (the default, vLLM's way) only that first chunk must fit: many sequences run at once,
+   and the newest are preempted when the device fills, recomputing what they lose or, with
+   a host tier, loading it back. With `admission="reserve"` (SGLang's way) a candidate
+   goes in only when the pages the device could grant now (`device_room()`: free, plus
+   the tree's pages no lock pins) cover every page it will still allocate to its last
+   token beyond what each running sequence will still allocate (a request's output length
+   is its `max_tokens`, known on arrival): fewer run at once, and none is preempted. A
+   candidate that does not fit gives its prefix back and waits, with every request behind
+   it, until a sequence finishes (FIFO: no request overtakes an earlier one).
+   `device_room()` does not count the pages in-flight backups will release (`alloc` waits
+   for those), so a reservation may wait a step longer than it had to, and eager
+   admission learns what fits by asking `alloc`: a refused candidate's `acquire` was done
+   for nothing (and may have loaded its prefix back, which then waits on device as a
+   device hit).
 
 After the step, `advance` records each sequence's chunk and token; a sequence that has all
 its tokens leaves (`insert`). No policy looks at the trace's future.
@@ -31,12 +39,16 @@ from examples.batching.modes import CacheCalls
 from examples.batching.sequence import Sequence
 from examples.batching.workload import Job
 
+ADMISSIONS = ("eager", "reserve")     # what must fit for a request to be admitted (module docstring)
+
 
 class Scheduler:
     """The waiting queue and the running batch of one replay (module docstring)."""
 
-    def __init__(self, calls: CacheCalls, chunk_size: int, max_batch: int):
-        self.calls, self.chunk, self.max_batch = calls, chunk_size, max_batch
+    def __init__(self, calls: CacheCalls, chunk_size: int, max_batch: int, admission: str = "eager"):
+        if admission not in ADMISSIONS:
+            raise ValueError(f"admission must be one of {ADMISSIONS}, got {admission!r}")
+        self.calls, self.chunk, self.max_batch, self.admission = calls, chunk_size, max_batch, admission
         self.page = calls.page_size
         self.waiting: collections.deque[Sequence] = collections.deque()
         self.running: list[Sequence] = []       # admission order: oldest first
@@ -108,15 +120,17 @@ class Scheduler:
             return
         candidates = list(self.waiting)[:free]
         prefixes = self.calls.acquire([s.token_ids() for s in candidates])
+        spare = self._spare()
         for k, (seq, prefix) in enumerate(zip(candidates, prefixes, strict=True)):
             start = 0 if prefix is None else prefix.length          # whole pages, short of the last token
             pages = -(-min(seq.known, start + self.chunk) // self.page) - start // self.page
-            grant = self.calls.alloc(pages)
+            need = seq.job.pages(self.page) - start // self.page     # all it will allocate
+            grant = self._grant(pages, need, spare)
             last = grant is None                 # the later candidates' pinned prefixes may be in the way:
             if last:                             # give them back, try once more, admit no more this step
                 for p in prefixes[k + 1:]:
                     self.calls.refuse(p)
-                grant = self.calls.alloc(pages)
+                grant = self._grant(pages, need, self._spare())
             if grant is None:
                 self.calls.refuse(prefix)
                 self.refused_admissions += 1
@@ -127,5 +141,22 @@ class Scheduler:
             self.waiting.popleft()
             self.calls.place(seq, prefix, grant)
             self.running.append(seq)
+            if spare is not None:
+                spare -= need
             if last:
                 return
+
+    def _spare(self) -> int | None:
+        """Pages the device could grant now beyond what running sequences will still
+        allocate (None: eager admission, which does not reserve)."""
+        if self.admission == "eager":
+            return None
+        owed = sum(s.job.pages(self.page) - len(s.placement.anchor) for s in self.running)
+        return self.calls.room() - owed
+
+    def _grant(self, pages: int, need: int, spare: int | None):
+        """`pages` for a candidate's first chunk, when its `need` fits the reservation (an idle
+        device takes any request: the command line checked that one fits)."""
+        if spare is not None and need > spare and self.running:
+            return None
+        return self.calls.alloc(pages)

@@ -1,7 +1,10 @@
-"""The batched loop's scheduler over a page counter: pages taken as sequences grow, the
-newest preempted when the device is full and put back at the head of the queue, FIFO
-admission that waits for a sequence to finish, one `acquire` per step. No model, no jax."""
+"""The batched loop's scheduler over a page counter: pages taken as sequences grow; eager
+admission (the default), where the newest is preempted when the device is full and put back
+at the head of the queue; reserving admission, which admits a request only when all its
+pages fit beside what the running ones still need, and never preempts; FIFO admission that
+waits for a sequence to finish, one `acquire` per step. No model, no jax."""
 import numpy as np
+import pytest
 
 from examples.batching.modes import CacheCalls, CacheKind
 from examples.batching.scheduler import Scheduler
@@ -28,6 +31,9 @@ class PageCounter:
         got, self.free_pages = self.free_pages[:pages], self.free_pages[pages:]
         return {"kv": np.asarray(got, np.int32)}
 
+    def device_room(self):
+        return {"kv": len(self.free_pages)}
+
     def free(self, allocator, pages):
         assert not set(pages) & set(self.free_pages), "freed twice"
         self.free_pages += list(pages)
@@ -52,7 +58,7 @@ def step(sched: Scheduler) -> list[int]:
 
 def test_the_newest_is_preempted_and_comes_back_first():
     cache = PageCounter(6)
-    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3)
+    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3, admission="eager")
     for j in jobs(3):
         sched.arrive(j)
     assert step(sched) == [0, 1, 2] and len(cache.free_pages) == 3     # one page each: the first chunk
@@ -65,7 +71,7 @@ def test_the_newest_is_preempted_and_comes_back_first():
 
 def test_admission_is_fifo_and_waits_for_a_sequence_to_finish():
     cache = PageCounter(6)
-    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3)
+    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3, admission="eager")
     for j in jobs(4, prompt=8, gen=1):
         sched.arrive(j)
     assert step(sched) == [0, 1, 2] and cache.acquires == 1           # one acquire for the three
@@ -79,7 +85,7 @@ def test_a_blocked_queue_head_is_not_asked_again_until_a_sequence_finishes():
     grows; admitted again while a page is free, refused once none is, and then not asked
     again (no `acquire`) until the older one finishes."""
     cache = PageCounter(5)
-    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=4)
+    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=4, admission="eager")
     for j in jobs(2, prompt=16, gen=4):
         sched.arrive(j)
     trail = []
@@ -93,3 +99,24 @@ def test_a_blocked_queue_head_is_not_asked_again_until_a_sequence_finishes():
                          ([0], 4, 3), ([0], 4, 3),   # blocked: not asked while 0 decodes
                          ([1], 5, 3)]        # 0 finished: 1 is admitted
     assert len(cache.free_pages) == 5
+
+
+def test_reserving_admission_takes_only_what_can_finish_and_never_preempts():
+    """Three requests of 3 pages each (8 prompt + 4 generated tokens) on 6 pages: two are
+    admitted, the third waits for them to finish although its first page was free from the
+    start, and none is ever preempted (eager admission preempts here: the test above)."""
+    cache = PageCounter(6)
+    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3, admission="reserve")
+    for j in jobs(3):
+        sched.arrive(j)
+    batches = []
+    while sched.busy:
+        batches.append(step(sched))
+    assert batches == [[0, 1]] * 5 + [[2]] * 5      # 2 prefill chunks, then 3 more tokens each
+    assert sched.preemptions == 0 and sched.refused_admissions == 1 and cache.acquires == 2
+    assert len(cache.free_pages) == 6
+
+
+def test_an_unknown_admission_is_refused_by_name():
+    with pytest.raises(ValueError, match="admission must be one of .*'greedy'"):
+        Scheduler(CountingCalls(CacheKind.NO_CACHE, PageCounter(4), None), C, max_batch=2, admission="greedy")

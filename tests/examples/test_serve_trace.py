@@ -59,12 +59,16 @@ def assert_served_well(result: dict, requests: int) -> None:
     assert sum(v for k, v in loads.items() if "load" in k or "unpack" in k) > 0
     assert runs["hicache"]["fused_loads"] == loads.get("plan:load_pieces", 0) <= sum(loads.values())
     assert runs["no_cache"]["program_calls"] == {} and runs["no_cache"]["fused_loads"] == 0
+    assert runs["hicache"]["cache_phases_s"]["match"] > 0 and runs["no_cache"]["cache_phases_s"].get("plan", 0) == 0
     for name in ("hicache", "device_only", "no_cache"):
         assert runs[name]["output_tokens"] == runs["hicache"]["output_tokens"]
         phases = runs[name]["phase_s"]     # the step's parts add up to the time the steps took
         assert set(phases) == {"cache_step", "schedule", "model", "advance"} and min(phases.values()) >= 0
         assert abs(sum(phases.values()) - runs[name]["busy_s"]) <= 0.01 + 0.01 * runs[name]["busy_s"]
         assert phases["model"] > 0
+        cache_phases = runs[name]["cache_phases_s"]   # the cache's calls, timed inside the step's parts
+        assert set(cache_phases) <= {"match", "plan", "dispatch", "wait"}
+        assert sum(cache_phases.values()) <= phases["cache_step"] + phases["schedule"] + phases["advance"] + 0.01
         assert 0 < result["ttft_ms"][name]["p50"] <= result["ttft_ms"][name]["p99"]
         assert result["throughput_tok_s"][name] > 0
     assert set(result["ratios"]) == {"vs_device_only", "vs_no_cache"}
@@ -92,8 +96,10 @@ def test_a_trace_it_has_not_seen_and_more_requests_compile_nothing(capsys, tmp_p
     trace = conversation_trace(tmp_path / "conversations.jsonl")
     common = ["--trace", str(trace), "--config", str(CONFIGS / "tiny_v4.json"), "--max-input-tokens", "2048",
               "--max-output-tokens", "4", "--max-batch", "4", "--device-pages", "20"]
-    code, few = run(capsys, *common, "--limit", "6", "--fuse-after", "0")     # and no fused load program
+    # six requests, no fused load program, and admission that reserves a request's pages: none preempted
+    code, few = run(capsys, *common, "--limit", "6", "--fuse-after", "0", "--admission", "reserve")
     assert code == 0 and few["identical"] and few["compiles_while_serving"] == 0
+    assert few["admission"] == "reserve" and all(r["preemptions"] == 0 for r in few["runs"].values())
     assert few["fuse_after"] == 0 and few["runs"]["hicache"]["background_compiles"] == 0
     assert few["runs"]["hicache"]["fused_loads"] == 0 and few["runs"]["hicache"]["program_calls"]
     png = tmp_path / "conversations.png"
