@@ -281,6 +281,9 @@ def test_profile_hits_smoke(tmp_path):
     assert [(r["mode"], r["pages"], r["batch"]) for r in result["runs"]] == [("shared_prompt", 4, 1), ("batched", 1, 4)]
     for r in result["runs"]:
         assert r["exact"] is True and r["ms"] > 0 and r["device_events"] == len(r["last_hit"]) == 0
+    sides = result["runs"][1]["sides"]    # the batched mode keeps both sides: one acquire each, acquire_many
+    assert sides["acquire_many"]["dispatches"] == 1 and sides["one_by_one"]["dispatches"] >= 4
+    assert "sides" not in result["runs"][0]
 
 
 def test_profile_hits_summarises_device_timelines():
