@@ -155,8 +155,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--layer-groups", type=int, default=2, help="with --overlap: the host tier's layer groups")
     ap.add_argument("--check", action="store_true", help="check the cache's invariants after every call (slow)")
     ap.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
-                    help="leave the heap unfrozen after warm-up (examples/gc_pauses.py: the collector's full "
-                         "passes then walk every object jax and the model made, inside some request's TTFT)")
+                    help="leave the heap unfrozen after warm-up (examples/gc_pauses.py: a full collection "
+                         "while serving then walks every object jax and the model made)")
     ap.add_argument("--quiet", dest="progress", action="store_false", help="no per-request lines")
     args = ap.parse_args(argv)
     cli.check_range(ap, args, {"seed": (0, 2**32 - 1), "requests": (1, MAX_REQUESTS), "turns": (1, MAX_REQUESTS),

@@ -1,10 +1,12 @@
 """Transfer programs run for the first time: a serving loop's measure beside compiles while serving.
 
-`HiCache.warmup()` compiles every transfer program ahead of use, but compiling is not running:
-on a GPU the first run of a compiled program still loads its kernels onto the device, a
-one-off cost that lands in the request whose hit first has that shape (a new block size, a
-new mix of pieces). `watch(cache)` sees every program the cache runs (`on_program_call`)
-and counts those whose label (program and shape) this process had not run before;
+Compiling a program is not running it: on a GPU a compiled program's first run still loads
+its kernels onto the device, a one-off cost that lands in the request whose hit first has
+that shape (a new block size, a new mix of pieces). `HiCache.warmup()` runs every program
+it compiles once; what can still run first while serving is a shape it did not compile (a
+load of pieces, compiled in the background once the shape comes again). `watch(cache)`
+sees every program the cache runs (`on_program_call`), warm-up's included when watched
+before it, and counts those whose label (program and shape) this process had not run;
 `first_runs()` is that count so far, so a request's TTFT can say how many it ran.
 
     watch(cache); n0 = first_runs(); serve one request; new = first_runs() - n0

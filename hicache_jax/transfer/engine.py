@@ -53,7 +53,6 @@ from hicache_jax.transfer.whole import WholePlans
 log = logging.getLogger("hicache_jax.transfer")
 
 
-
 class TransferEngine(EngineSeams, EngineWarmup):
     """Device pools <-> pinned host pools for one layout (optionally on a `("tp",)` mesh).
 
