@@ -2,14 +2,16 @@
 `jax.profiler.trace`, and the trace summarised where the time goes on the accelerator.
 
 For each (mode, pages, requests) it runs `bench_hits.run` (every hit byte-checked, paired
-with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then keeps:
-the device events grouped by name (count, median and total microseconds), and the device
-events of the 15 ms before the end of the last event named after a load program
-(`load_block`, `load_pieces`, `plan_load`, `fused_load`: XLA names a program's module
-after it), so the window holds the last hit's DMAs, slice fusions, joins and unpack
-kernels in order, and not the byte check that follows each hit (`anchor` says which event
-ended it, or "trace end" when none is named so). On a CPU the trace has no device events;
-the run still checks that it works.
+with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then keeps the
+device events grouped by name (count, median and total microseconds) and a 15 ms window of
+the last hit's device events, in order: its DMAs, slice fusions, joins and unpack kernels.
+The window is anchored on a load program (`load_block`, `load_pieces`, `plan_load`,
+`fused_load`). On a GPU the device events carry fusion names, so it starts at the host's
+last call of such a program (a host event whose name or arguments carry the program's
+function or module name), times
+counted from that call; without such a host event it ends at the last device event named
+after one, and without either at the trace's end (`anchor` says which). On a CPU the trace
+has no device events; the run still checks that it works.
 
     python benchmarks/profile_hits.py --out profile_hits.json      # V4-Flash: whole block vs parts
     python benchmarks/profile_hits.py --smoke --out profile_hits.json
@@ -39,8 +41,9 @@ WINDOW_US = 15_000
 LOAD_PROGRAMS = ("load_block", "load_pieces", "plan_load", "fused_load")
 
 
-def device_events(trace: dict) -> tuple[list[dict], dict]:
-    """The complete events on accelerator timelines, and {(pid, tid): thread name}."""
+def timelines(trace: dict) -> tuple[list[dict], list[dict], dict]:
+    """The complete events on accelerator timelines and on the host's, each by time, and
+    {(pid, tid): thread name}."""
     events = trace["traceEvents"] if isinstance(trace, dict) else trace
     processes, threads = {}, {}
     for e in events:
@@ -48,28 +51,44 @@ def device_events(trace: dict) -> tuple[list[dict], dict]:
             processes[e["pid"]] = e["args"]["name"]
         elif e.get("ph") == "M" and e.get("name") == "thread_name":
             threads[(e["pid"], e["tid"])] = e["args"]["name"]
-    on_device = [e for e in events if e.get("ph") == "X" and "/device:" in processes.get(e.get("pid"), "")]
-    return sorted(on_device, key=lambda e: e["ts"]), threads
+    complete = sorted((e for e in events if e.get("ph") == "X"), key=lambda e: e["ts"])
+    on_device = [e for e in complete if "/device:" in processes.get(e.get("pid"), "")]
+    on_host = [e for e in complete if "/device:" not in processes.get(e.get("pid"), "")]
+    return on_device, on_host, threads
+
+
+def _window(events: list[dict], host: list[dict]) -> tuple[float, float, str]:
+    """(start, end, anchor) of the last hit's window: from the host's last call of a load
+    program (a jit's host event carries its function's name; on a GPU the device events carry
+    fusion names), or else back from the end of the last device event so named, or else
+    back from the trace's end."""
+    named = lambda e: e["name"] + json.dumps(e.get("args", {}))      # XLA puts the module's name in args
+    calls = [e for e in host if any(name in named(e) for name in LOAD_PROGRAMS)]
+    if calls:
+        return calls[-1]["ts"], calls[-1]["ts"] + WINDOW_US, "host: " + calls[-1]["name"][:100]
+    loads = [e for e in events if any(name in e["name"] for name in LOAD_PROGRAMS)]
+    last = max(loads or events, key=lambda e: e["ts"] + e["dur"])
+    end = last["ts"] + last["dur"]
+    return end - WINDOW_US, end, last["name"][:100] if loads else "trace end"
 
 
 def summarise(trace: dict) -> dict:
-    events, threads = device_events(trace)
+    events, host, threads = timelines(trace)
     by_name = collections.defaultdict(list)
     for e in events:
         by_name[e["name"][:100]].append(e["dur"])
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
     window, anchor = [], None
     if events:
-        loads = [e for e in events if any(name in e["name"] for name in LOAD_PROGRAMS)]
-        last = max(loads or events, key=lambda e: e["ts"] + e["dur"])
-        end, anchor = last["ts"] + last["dur"], last["name"][:100] if loads else "trace end"
-        window = [{"at_us": round(e["ts"] - end, 1), "dur_us": round(e["dur"], 1),
+        start, end, anchor = _window(events, host)
+        at = start if anchor.startswith("host: ") else end      # times from the call, or to the end
+        window = [{"at_us": round(e["ts"] - at, 1), "dur_us": round(e["dur"], 1),
                    "stream": str(threads.get((e["pid"], e["tid"]), e["tid"])), "name": e["name"][:100]}
-                  for e in events if end - WINDOW_US <= e["ts"] < end]
+                  for e in events if start <= e["ts"] < end]
     return {"device_events": len(events), "anchor": anchor,
             "by_name": [{"name": n, "count": len(d), "median_us": round(statistics.median(d), 1),
                          "total_us": round(sum(d), 1)} for n, d in top],
-            "last_hit": window[-120:]}
+            "last_hit": window[:120] if anchor and anchor.startswith("host: ") else window[-120:]}
 
 
 def profiled(config: str, mode: str, pages: int, n: int, rounds: int) -> dict:

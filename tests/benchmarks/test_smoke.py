@@ -310,3 +310,12 @@ def test_profile_hits_summarises_device_timelines():
     s = profile_hits.summarise(trace)
     assert s["anchor"] == "jit_fused_load"
     assert [(w["name"], w["at_us"]) for w in s["last_hit"]] == [("jit_fused_load", -2000.0), ("memcpy", -1000.0)]
+    # the host's call of a load program (a GPU names device events after fusions) starts the window
+    trace["traceEvents"] += [{"ph": "X", "name": "PjitFunction(plan_load)", "pid": 2, "tid": 1, "ts": 29950.0,
+                              "dur": 40.0}]
+    s = profile_hits.summarise(trace)
+    assert s["anchor"] == "host: PjitFunction(plan_load)"
+    assert [(w["name"], w["at_us"]) for w in s["last_hit"]] == [("scatter", 50.0), ("gather", 1050.0)]
+    trace["traceEvents"][-1] = {"ph": "X", "name": "Execute", "pid": 2, "tid": 1, "ts": 29950.0, "dur": 40.0,
+                                "args": {"hlo_module": "jit_fused_load"}}       # the module in its arguments
+    assert profile_hits.summarise(trace)["anchor"] == "host: Execute"
