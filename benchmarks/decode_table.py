@@ -49,7 +49,6 @@ def summarise(case: dict) -> dict:
         "gc_ms_slowest": None if gc_ms is None else gc_ms[cached.index(max(cached))],
         "first_runs_slowest": None if "first_program_runs_in_ttft" not in case
         else case["first_program_runs_in_ttft"][cached.index(max(cached))],
-        "gc_frozen": case.get("gc_frozen_objects", 0) > 0,
     }
 
 

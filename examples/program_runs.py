@@ -13,14 +13,11 @@ before it, and counts those whose label (program and shape) this process had not
 """
 from __future__ import annotations
 
-_labels_run: set[str] = set()
-_first = [0]
+_labels_run: set[str] = set()      # every label run while watched: its size is the count
 
 
 def _call(label: str, program, *args):
-    if label not in _labels_run:
-        _labels_run.add(label)
-        _first[0] += 1
+    _labels_run.add(label)
     return program(*args)
 
 
@@ -32,4 +29,4 @@ def watch(cache) -> None:
 
 def first_runs() -> int:
     """Programs (by label) run for the first time in this process while watched."""
-    return _first[0]
+    return len(_labels_run)

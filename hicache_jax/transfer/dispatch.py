@@ -116,10 +116,9 @@ class ChunkDispatch:
     def ints(self) -> ResidentIndices:
         return self._ints
 
-    def set_staging(self, progs: AllocatorPrograms, staging: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+    def set_staging(self, progs: AllocatorPrograms, staging: tuple[jax.Array, ...]) -> None:
         """Keep `staging` (a program's output over the donated buffer) as `progs`' staging buffer."""
         self._staging[progs.fmt.allocator] = staging
-        return staging
 
     def staging_buffer(self, progs: AllocatorPrograms) -> jax.Array:
         a = progs.fmt.allocator
