@@ -7,8 +7,9 @@ serving, how many deferred loads the step landed, and the cached run's TTFT (med
 max and max / median over every request; p99 by rank, the
 request at or above 99 % of them), with the host-hit requests' median TTFT in the
 cached and in the recompute run, and how much of the slowest request's TTFT the garbage
-collector took (examples/gc_pauses.py) and how many transfer programs it ran for the
-first time in the process (examples/program_runs.py).
+collector took (examples/gc_pauses.py), how many transfer programs it ran for the
+first time in the process (examples/program_runs.py), which request it was, its host hit
+and the time of the cache's calls before its first forward (step, acquire, alloc).
 
     python benchmarks/decode_table.py benchmarks/results/gpu/decode_gpu.jsonl
     python benchmarks/decode_table.py RESULTS.jsonl --out table.json
@@ -26,7 +27,7 @@ import numpy as np
 COLUMNS = ("config", "seed", "device/host pages", "write policy", "layer groups", "identical",
            "compiles while serving", "landed by the step", "TTFT median / p99 / max", "max / median",
            "host hits: cache median", "same requests, recompute median", "GC in the slowest request (ms)",
-           "programs first run in the slowest request")
+           "programs first run in the slowest request", "slowest request: # / host-hit tokens / cache calls (ms)")
 
 
 def summarise(case: dict) -> dict:
@@ -35,6 +36,8 @@ def summarise(case: dict) -> dict:
     hits = [i for i, h in enumerate(case["host_hit_per_request"]) if h > 0]
     median = statistics.median(cached)
     gc_ms = case.get("gc_ms_in_ttft_cache")      # absent in results of before the GC was timed
+    slowest = cached.index(max(cached))
+    calls_ms = case.get("cache_calls_ms_in_ttft")  # absent in results of before the cache's calls were timed
     return {
         "config": case["config"], "seed": case["seed"], "device_pages": case["device_pages"],
         "host_pages": case["host_pages"], "write_policy": case["write_policy"],
@@ -46,25 +49,28 @@ def summarise(case: dict) -> dict:
         "host_hit_requests": len(hits),
         "host_hit_ttft_ms_median": {"cache": statistics.median(cached[i] for i in hits) if hits else None,
                                     "recompute": statistics.median(recompute[i] for i in hits) if hits else None},
-        "gc_ms_slowest": None if gc_ms is None else gc_ms[cached.index(max(cached))],
+        "gc_ms_slowest": None if gc_ms is None else gc_ms[slowest],
         "first_runs_slowest": None if "first_program_runs_in_ttft" not in case
-        else case["first_program_runs_in_ttft"][cached.index(max(cached))],
+        else case["first_program_runs_in_ttft"][slowest],
+        "slowest": {"request": slowest, "host_hit_tokens": case["host_hit_per_request"][slowest],
+                    "cache_calls_ms": None if calls_ms is None else calls_ms[slowest]},
     }
 
 
 def markdown(rows: list[dict]) -> str:
     def ms(v):
         return "—" if v is None else f"{v:.1f}"
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 6 + "---:|" * 2 + "---|" + "---:|" * 5]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * 6 + "---:|" * 2 + "---|" + "---:|" * 5 + "---|"]
     for r in rows:
-        t, h = r["ttft_ms"], r["host_hit_ttft_ms_median"]
+        t, h, w = r["ttft_ms"], r["host_hit_ttft_ms_median"], r["slowest"]
         lines.append("| " + " | ".join(map(str, (
             r["config"], r["seed"], f"{r['device_pages']}/{r['host_pages']}", r["write_policy"],
             "blocking" if r["layer_groups"] is None else r["layer_groups"],
             "yes" if r["identical"] else "**no**", r["compiles_while_serving"], r["landed_by_step"],
             f"{t['median']:.1f} / {t['p99']:.1f} / {t['max']:.1f}", f"{r['max_over_median']:.2f}",
             ms(h["cache"]), ms(h["recompute"]), ms(r["gc_ms_slowest"]),
-            "—" if r["first_runs_slowest"] is None else r["first_runs_slowest"]))) + " |")
+            "—" if r["first_runs_slowest"] is None else r["first_runs_slowest"],
+            f"{w['request']} / {w['host_hit_tokens']} / {ms(w['cache_calls_ms'])}"))) + " |")
     return "\n".join(lines)
 
 

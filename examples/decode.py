@@ -287,6 +287,7 @@ def outcome_fields(cache: hc.HiCache, with_cache: list[Outcome], without: list[O
         "gc_ms_in_ttft_cache": [round(1e3 * o.gc_s, 3) for o in with_cache],
         "gc_ms_in_ttft_recompute": [round(1e3 * o.gc_s, 3) for o in without],
         "first_program_runs_in_ttft": [o.first_runs for o in with_cache],
+        "cache_calls_ms_in_ttft": [round(1e3 * o.cache_s, 3) for o in with_cache],
         "host_hit_per_request": [o.host_hit for o in with_cache],
         "storage_hit_per_request": [o.storage_hit for o in with_cache],
         "dropped_tokens": dict(s.dropped_tokens),

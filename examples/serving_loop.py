@@ -31,6 +31,7 @@ class Outcome:
     logits: list[np.ndarray]                # f32[vocab] behind each generated token
     ttft_s: float                           # first token's latency (prompt prefill included)
     gc_s: float = 0.0                       # of that, the garbage collector's pauses (examples/gc_pauses.py)
+    cache_s: float = 0.0                    # of that, the cache's calls before the first forward (step, acquire, alloc)
     first_runs: int = 0                     # transfer programs it ran for the first time (program_runs.py)
     device_hit: int = 0                     # prompt tokens found on device
     host_hit: int = 0                       # prompt tokens loaded back from host
@@ -120,11 +121,12 @@ def run_cached(cache: hc.HiCache, model, prompt: np.ndarray, gen: int, out: Outc
     swa = {first - len(window) + i: int(p) for i, p in enumerate(window)}
     swa.update({first + i: p for i, p in enumerate(swa_new)})
     req = PagedRequest(model, cache.device_pools, seq, table.tolist() + new, swa, prefix.landing)
+    cache_s = time.perf_counter() - t0
     logits = req.prefill(usable)
     out.computed += len(seq) - usable
     if not out.ttft_s:
         jax.block_until_ready(req.pools)
-        out.ttft_s, out.gc_s = time.perf_counter() - t0, gc_pauses.spent() - g0
+        out.ttft_s, out.gc_s, out.cache_s = time.perf_counter() - t0, gc_pauses.spent() - g0, cache_s
         out.first_runs = program_runs.first_runs() - r0
     req.decode(logits, gen, out, stop_after=preempt_at, stop_tokens=stop_tokens)
     cache.set_device_pools(req.pools, landed=req.landed)
