@@ -225,6 +225,10 @@ def main(argv=None) -> int:
     cache.warmup(args.max_pages)
     warm_up(model, cache, landings=args.overlap)
     frozen = gc_pauses.settle() if args.gc_freeze else 0
+    # the step once more: the device sat idle through the collection, and the first request
+    # after such a pause was the slowest of its run in most cases (BENCHMARKS.md); now it
+    # follows a step, as every later request does
+    warm_up(model, cache)
     compiles = hc.CompileCounter()     # from here on, nothing should compile
     full_passes, runs = gc_pauses.full_passes(), program_runs.first_runs()
     t0 = time.perf_counter()
