@@ -185,10 +185,11 @@ class HiCache(CacheSeams):
     def alloc(self, pages: int, swa_pages: int = 0) -> dict[str, np.ndarray] | None:
         """Held device pages for a request: {allocator: i32[n]} (the SWA pool's entry present
         whenever the layout has one), all or nothing, or None when even eviction cannot free
-        enough (a bad count raises ValueError). Pages under a transfer (a backup locks what it
-        reads) are not evictable until it ends: while short, this dispatches queued transfers,
-        waits for all (landing deferred loads no step took) and tries again, so a refusal does
-        not depend on the link's speed or a failure; `device_room()` then says what each
+        enough (a bad count raises ValueError). Pages a queued backup has yet to read and pages
+        a load fills are not evictable: while short, this dispatches the queued backups (read
+        pages are evictable before the copy lands) and tries again, then waits for every
+        transfer in flight (landing deferred loads no step took) and tries again, so a refusal
+        does not depend on the link's speed or a failure; `device_room()` then says what each
         allocator could give. The pages are the caller's until `insert` or `free`."""
         need = validate.page_needs(self._core.anchor, self._swa, pages, swa_pages)
         device = self._core.ledger.allocators(Tier.DEVICE)
@@ -196,7 +197,7 @@ class HiCache(CacheSeams):
             return None     # more than every page not held by a request: waiting cannot help
         got = self._core.alloc_device(need)
         self._data.flush_demotions()
-        while got is None and self._data.land_in_flight(loads=True):
+        while got is None and self._data.free_room():
             got = self._core.alloc_device(need)
             self._data.flush_demotions()
         return self._checked(got)

@@ -8,7 +8,7 @@ that changes the pools goes through here, so no one else keeps a copy of them.
 Timing rules (SYSTEM.md §3-§4): queued backups are merged into one transfer dispatched at
 `step()`, except write-back demotions, whose device pages are already free and go at once
 (`flush_demotions`), before anything can write those pages again. Completions are applied
-only here (`step`, `complete`, `land_in_flight`, `drain`), the one place where in-flight
+only here (`step`, `complete`, `land_in_flight`, `free_room`, `drain`), the one place where in-flight
 state ends.
 """
 from __future__ import annotations
@@ -87,15 +87,28 @@ class DataPlane:
         if self._core.needs_flush:
             self.dispatch_backups()
 
-    def land_in_flight(self, loads: bool = False) -> bool:
-        """Dispatch queued backups and wait for every backup in flight (and the loads, when
-        `loads`: their pages are not evictable until they land); False when nothing was
-        queued or in flight."""
+    def land_in_flight(self) -> bool:
+        """Dispatch queued backups and wait for every backup in flight (a prefix whose host
+        copy is still landing); False when nothing was queued or in flight."""
         queued = self.dispatch_backups() is not None
-        waited = [t for t in self.transfers.ids() if loads or t.direction is Direction.BACKUP]
+        waited = [t for t in self.transfers.ids() if t.direction is Direction.BACKUP]
         for tid in waited:
             self.complete(tid, blocking=True)
+        self.counters.waits["pending_write"] += bool(waited)
         return queued or bool(waited)
+
+    def free_room(self) -> bool:
+        """One move toward device pages for a call short of them, cheapest first: dispatch the
+        queued backups (their pages are evictable once read, before the copies land); with
+        none queued, wait for every transfer in flight (loads too: their pages are not
+        evictable until they land). False when there was nothing to do."""
+        if self.dispatch_backups() is not None:
+            return True
+        waited = self.transfers.ids()
+        for tid in waited:
+            self.complete(tid, blocking=True)
+        self.counters.waits["room"] += bool(waited)
+        return bool(waited)
 
     def step(self) -> StepReport:
         """Dispatch this step's backups (paced: `backup_bytes_per_step`); apply every transfer that ended."""

@@ -21,6 +21,9 @@ from hicache_jax.storage import StorageStats, metric_families
 from hicache_jax.tree import DropReason, PrefetchOutcome, Refusal, Tier
 
 # transfer duration buckets, seconds: 50 us .. 10 s
+# what a call that waited for transfers in flight waited for: device pages (`alloc`, a load
+# short of room: every transfer), or a prefix's host copy still landing (`acquire`: backups)
+WAITS = ("room", "pending_write")
 DURATION_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
@@ -49,6 +52,7 @@ class TransferCounters:
     transfers: Counter = dataclasses.field(default_factory=Counter)       # direction -> completed
     failures: Counter = dataclasses.field(default_factory=Counter)        # (direction, cause) -> count
     landings: Counter = dataclasses.field(default_factory=Counter)        # deferred loads by who landed them: step | cache
+    waits: Counter = dataclasses.field(default_factory=Counter)           # calls that waited on transfers, by WAITS
     durations: dict = dataclasses.field(default_factory=dict)             # direction -> [bucket counts..., sum]
     # completed transfers not counted yet: the counting runs when something reads (`settled`)
     # or every `SETTLE_EVERY` records, not on the serving path (5-8 us of a one-page hit)
@@ -114,6 +118,7 @@ class CacheStats:
     host_held_bytes: Mapping[str, int] = dataclasses.field(default_factory=dict)       # pool -> its blocks' bytes
     host_compacted_pages: Mapping[str, int] = dataclasses.field(default_factory=dict)  # allocator -> pages moved
     deferred_loads: Mapping[str, int] = dataclasses.field(default_factory=dict)  # landed by: step | cache
+    transfer_waits: Mapping[str, int] = dataclasses.field(default_factory=dict)  # what a call waited for (WAITS)
 
 
 class StatsCollector:
@@ -152,6 +157,8 @@ class StatsCollector:
              "allocator", s.host_compacted_pages, ()),
             (C, "hicache_deferred_loads", "Deferred load-backs landed, by a model step or by the cache",
              "landed_by", s.deferred_loads, ("step", "cache")),
+            (C, "hicache_transfer_waits", "Calls that waited for transfers in flight: device room, or a "
+             "prefix's host copy still landing", "reason", s.transfer_waits, WAITS),
             (G, "hicache_device_used_bytes", "Device bytes in use (cached, held, in flight), per pool", "pool",
              s.device_used_bytes, ()),
             (G, "hicache_device_capacity_bytes", "Device bytes of the pool", "pool", s.device_capacity_bytes, ()),
@@ -228,4 +235,5 @@ def snapshot(layout, core, counters: TransferCounters, in_flight: Mapping[str, i
                          for p in layout.byte_pools if host_blocks and p.allocator in host_blocks},
         host_compacted_pages={a: moved for a, (_, moved) in (host_blocks or {}).items()},
         deferred_loads=dict(counters.landings),
+        transfer_waits=dict(counters.waits),
     )

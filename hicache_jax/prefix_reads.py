@@ -59,7 +59,7 @@ class PrefixReads:
                                          lambda: self._core.anchor_host_pages(match))
         job = self._core.start_load(match)
         self._data.flush_demotions()
-        while job is Refusal.NO_DEVICE_SPACE and patient and self._data.land_in_flight(loads=True):
+        while job is Refusal.NO_DEVICE_SPACE and patient and self._data.free_room():
             job = self._core.start_load(match)
             self._data.flush_demotions()
         if not isinstance(job, LoadJob):
@@ -138,7 +138,7 @@ class PrefixReads:
                 # the loads planned so far go first, as if each request had been acquired alone
                 self._start_planned(planned, out, deferred=False)
                 planned = []
-            while job is Refusal.NO_DEVICE_SPACE and self._data.land_in_flight(loads=True):
+            while job is Refusal.NO_DEVICE_SPACE and self._data.free_room():
                 job = self._core.start_load(m)
                 self._data.flush_demotions()
             if isinstance(job, LoadJob):

@@ -1,8 +1,10 @@
 """`TransferDriver`: starts, polls and ends the device <-> host transfers the tree committed.
 
 The tree's `TransferBook` is the one registry of transfers in flight; for each backup or
-load it holds, this attaches a `Moving` (the engine's handles, the plan, when it started)
-and ends it exactly once: an ack or a finished load, or, when the engine raised, the
+load it holds, this attaches a `Moving` (the engine's handles, the plan, when it started),
+tells the tree when a backup's last piece is dispatched (its device pages are read: the
+engine's programs read them in device order, before any later program writes them), and
+ends it exactly once: an ack or a finished load, or, when the engine raised, the
 transfer timed out or the device reported an error, the tree's failure path (counted by
 cause). Several loads may share one engine start (`start_many`): each keeps its own
 `Moving` over the one handle and ends on its own, a landing is landed once, and a timeout
@@ -108,6 +110,8 @@ class TransferDriver:
             self._fail(tid, FailureCause.START)
             return pools, False
         self._core.attach(tid, Moving(plan, now, host_tokens, [handle], last_dispatch=now))
+        if tid.direction is Direction.BACKUP:
+            self._core.backup_read(tid.number)
         return pools, True
 
     def start_many(self, tids: list[TransferId], plans: list[TransferPlan], pools: Pools,
@@ -197,6 +201,8 @@ class TransferDriver:
         moving.rest.pop(0)
         moving.handles.append(handle)
         moving.last_dispatch = self._clock()
+        if not moving.rest:
+            self._core.backup_read(tid.number)
         return True
 
     @staticmethod

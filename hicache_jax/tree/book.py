@@ -41,7 +41,8 @@ class Copy:
 @dataclasses.dataclass
 class WriteRecord:
     nodes: set[Node]                 # nodes stamped with this ack id (split halves included)
-    locks: list[LockId]              # one device lock per committed node, released at the end
+    locks: list[LockId]              # one device lock per committed node, released once the copy has read
+    read: bool = False               # every copy is dispatched: later device work comes after its reads
     retired: dict[str, list[int]] = dataclasses.field(default_factory=dict)   # host pages freed at the end
     carrier: object = None           # what the data plane holds while it moves (`attach`)
 
@@ -102,6 +103,19 @@ class TransferBook:
             return []
         del self._writes[self._open]
         return record.locks
+
+    def mark_read(self, ack: AckId) -> list[LockId]:
+        """Batch `ack`'s copies have read their device pages: returns the locks it held for them."""
+        if ack == self._open or ack not in self._writes:
+            raise ValueError(f"no backup in flight with ack id {ack} (in flight: {self.pending_acks()})")
+        record = self._writes[ack]
+        record.read, locks, record.locks = True, record.locks, []
+        return locks
+
+    def copy_read(self, node: Node) -> bool:
+        """`node`'s pending backup has read its device pages (`mark_read`)."""
+        record = self._writes.get(node.write_id) if node.write_id is not None else None
+        return record is not None and record.read
 
     def end_write(self, ack: AckId) -> WriteRecord:
         if ack == self._open or ack not in self._writes:

@@ -1,11 +1,15 @@
 """`EvictionCandidates`: which nodes may give up pages now, least recently used first.
 
-    device leaf    holds valid device pages, unlocked, not owned by a load, and no child
-                   holds device pages (device coverage stays a prefix)
+    device leaf    holds valid device pages, settled, unlocked, not owned by a load, and
+                   no child holds device pages (device coverage stays a prefix)
     host leaf      host-only (HOST), unlocked, unowned, childless
-    window holder  per window component: holds some of its device pages, unlocked and
-                   unowned, in a settled state (a queued backup still reads them); such a
-                   node may lose just those pages (an SWA *tombstone*), keeping its anchor
+    window holder  per window component: holds some of its device pages, settled, unlocked
+                   and unowned; such a node may lose just those pages (an SWA
+                   *tombstone*), keeping its anchor
+
+*Settled*: no copy still has to read the node's device pages: DEVICE or SYNCED, or
+BACKING_UP once its batch is dispatched (`copy_read`: every program reading them went
+before any later device work). A BACKING_UP node evicted then becomes HOST_PENDING.
 
 Whoever makes a node a candidate (a new node, an unlock, a child leaving, a completed
 transfer) offers it here; `lru.py` keeps each order exact and lazy.
@@ -24,7 +28,9 @@ _COMPACT_SLACK = 1024
 
 
 class EvictionCandidates:
-    def __init__(self, components: Components, num_nodes: Callable[[], int], all_nodes: Callable[[], Iterable[Node]]):
+    def __init__(self, components: Components, num_nodes: Callable[[], int], all_nodes: Callable[[], Iterable[Node]],
+                 copy_read: Callable[[Node], bool]):
+        self._copy_read = copy_read       # its pending backup has read its device pages
         self._windows = components.windows
         self._num_nodes, self._all_nodes = num_nodes, all_nodes
         self._device, self._host = LeafLRU(), LeafLRU()
@@ -33,18 +39,19 @@ class EvictionCandidates:
         self._pushed = 0     # entries in the heaps, at most (pops are not counted: an upper bound)
 
     # -- who qualifies ---------------------------------------------------------------------
-    @staticmethod
-    def device_leaf(node: Node) -> bool:
-        return (node.state in _SETTLED and node.lock_ref == 0 and node.load_id is None and node.parent is not None
+    def settled(self, node: Node) -> bool:
+        return node.state in _SETTLED or (node.state is Residency.BACKING_UP and self._copy_read(node))
+
+    def device_leaf(self, node: Node) -> bool:
+        return (node.lock_ref == 0 and node.load_id is None and node.parent is not None and self.settled(node)
                 and not any(c.state in HOLDS_DEVICE for c in node.children.values()))
 
     @staticmethod
     def host_leaf(node: Node) -> bool:
         return node.state is Residency.HOST and node.lock_ref == 0 and node.load_id is None and not node.children
 
-    @staticmethod
-    def window_holder(node: Node, component: int) -> bool:
-        if node.state not in _SETTLED or node.lock_ref or node.load_id is not None:
+    def window_holder(self, node: Node, component: int) -> bool:
+        if node.lock_ref or node.load_id is not None or not self.settled(node):
             return False
         arr = node.pages[DEVICE][component]
         return arr is not None and bool((arr != ABSENT).any())

@@ -62,9 +62,9 @@ class TreeCore:
         self.stats = stats = TreeStats()
         self.tree = tree = RadixTree(layout.page_size, len(comps))
         self.ledger = ledger = PageLedger(layout, comps, {Tier.DEVICE: device_pages, Tier.HOST: host_pages})
-        self.candidates = cands = EvictionCandidates(comps, lambda: tree.num_nodes, tree.nodes)
-        self.locks = locks = LockTable(on_unpinned=cands.offer)
         self.book = book = TransferBook()
+        self.candidates = cands = EvictionCandidates(comps, lambda: tree.num_nodes, tree.nodes, book.copy_read)
+        self.locks = locks = LockTable(on_unpinned=cands.offer)
         tree.on_split += [book.on_split, lambda head, node, k: cands.offer(head)]
         clock = LogicalClock()
         parts = TreeParts(layout, comps, self.policy, tree, ledger, book, locks, cands,
@@ -177,6 +177,12 @@ class TreeCore:
 
     def take_backup_batch(self) -> BackupBatch | None:
         return self._writes.take_backup_batch()
+
+    def backup_read(self, ack_id: AckId) -> None:
+        """Batch `ack_id` is dispatched whole: every program reading its device pages went
+        before any later device work, so they may be evicted and written again now (a node
+        evicted before the ack waits on the host as HOST_PENDING)."""
+        self._writes.backup_read(ack_id)
 
     def ack_backup(self, ack_id: AckId) -> list[NodeId]:
         """Batch `ack_id`'s host copies are durable; returns the nodes it wrote."""

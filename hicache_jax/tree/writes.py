@@ -3,10 +3,11 @@
 A backup is *committed* (host pages allocated, node BACKING_UP, an ack id stamped) long
 before its bytes exist on the host: commits are queued in the `TransferBook` so that every
 backup of one step merges into one transfer (`take_backup_batch`). A committed node stays
-locked on device until its batch ends (its pages must survive until the copy has read
-them); a write-back *demotion* instead frees the device pages at once (HOST_PENDING), so
-its queued copy must be dispatched before those pages are written again, which
-`needs_flush` signals to the caller.
+locked on device until its batch is dispatched (`backup_read`: the programs that read its
+pages are then ahead of any later device work), and may be evicted after that, before the
+ack (it waits on the host as HOST_PENDING). A write-back *demotion* frees the device pages
+at once (HOST_PENDING), so its queued copy must be dispatched before those pages are
+written again, which `needs_flush` signals to the caller.
 """
 from __future__ import annotations
 
@@ -94,6 +95,12 @@ class WritePath:
         return BackupBatch(ack, plan, full * self._layout.page_size)
 
     # -- completion --------------------------------------------------------------------------
+    def backup_read(self, ack: AckId) -> None:
+        """Batch `ack`'s copies have read their device pages: release its locks, so that its
+        nodes may be evicted (`EvictionCandidates.settled`)."""
+        for lock in self._book.mark_read(ack):
+            self._locks.unlock(lock)      # (the nodes it unpins are offered as candidates)
+
     def ack_backup(self, ack: AckId) -> list[Node]:
         """The host copy of batch `ack` is durable; returns the nodes whose copy it wrote."""
         record = self._book.end_write(ack)
@@ -153,7 +160,7 @@ class WritePath:
             node.apply(Event.DROP_HOST)
         elif st is Residency.LOADING:                # being read: drop the host copy when it lands
             self._book.load(node.load_id).drop_host.add(node)
-        elif st is Residency.HOST:                   # host-only below an unbacked node: unreachable
+        elif st in (Residency.HOST, Residency.HOST_PENDING):   # host-only below an unbacked node: unreachable
             self._pruner.remove_subtree(node)
             return
         for child in list(node.children.values()):

@@ -3,8 +3,8 @@ ack that never comes. No slot leaks, no wrong bytes are served, the cache keeps 
 import pytest
 
 import hicache_jax as hc
-from hicache_jax.tree import Tier
-from driver import Driver, layout
+from hicache_jax.tree import Residency, Tier
+from driver import Driver, layout, prompt
 from faults import empty_everything, faulty_cache
 
 
@@ -71,19 +71,46 @@ def test_host_exhaustion(policy):
 
 
 def test_ack_that_never_comes_times_out():
+    """A backup that hangs after its dispatch: the dispatch read its pages, so they may leave
+    the device before the ack (the nodes wait for it on the host); the timeout
+    fails it, and the nodes, whose only copy never landed, are dropped and counted."""
     clock = Clock()
     cache, faulty, d = make(clock=clock)
     faulty.hang.add("backup")
-    d.request([0, 1, 2])                        # its backup hangs; the nodes stay locked
+    d.request([0, 1, 2])                        # its backup hangs after its dispatch
     assert cache.stats().in_flight["backup"] == 1
-    locked = cache._core.ledger.allocators(Tier.DEVICE)["kv"].num_free
-    assert cache.step().failed == () and cache.evict(3).device_pages == 0   # pinned while pending
+    free = cache._core.ledger.allocators(Tier.DEVICE)["kv"].num_free
+    assert cache.step().failed == () and cache.evict(3).device_pages == 3   # read already: evictable
+    assert cache._core.ledger.allocators(Tier.DEVICE)["kv"].num_free == free + 3
     clock.now = 10.0                            # past transfer_timeout_s
     report = cache.step()
     assert report.failed and cache.stats().failures == {"backup/timeout": 1}
     assert cache.stats().in_flight["backup"] == 0
-    assert cache.evict(3).device_pages == 3 and cache._core.ledger.allocators(Tier.DEVICE)["kv"].num_free == locked + 3
+    page = cache.layout.page_size
+    assert cache.stats().dropped_tokens["deepseek_v4_c4"]["backup_failed"] == 3 * page
     churn(d)
+    empty_everything(cache)
+
+
+@pytest.mark.parametrize("name", ["tiny_v4", "tiny_gqa"])
+def test_alloc_takes_pages_a_dispatched_backup_has_read_without_waiting_for_it(name):
+    """Write-through on a slow link: the pages of a backup in flight were read at its
+    dispatch, so a request that needs them evicts them at once (the node waits on the host
+    for its ack) instead of waiting for the copy to land; the next hit of that prefix then
+    waits for the ack and loads it back, byte for byte."""
+    cache, faulty, d = make(name, "write_through", device=4)
+    faulty.slow.add("backup")                   # seen done only when waited for
+    d.request([0, 1, 2], swa_every=True)        # the step after it dispatches its backup
+    (first,) = cache._core.book.pending_acks()
+    d.request([1, 2, 3], swa_every=True)        # takes the first one's pages
+    assert first in cache._core.book.pending_acks()           # nobody waited for that copy
+    assert cache.stats().transfer_waits.get("room", 0) == 0
+    assert [n.state for n in cache._core.tree.nodes() if n.write_id == first] == [Residency.HOST_PENDING]
+    before = d.host_hits
+    d.request([0, 1, 2], swa_every=True)        # waits for the ack, then loads it back (verified)
+    assert d.host_hits - before == 3 * cache.layout.page_size
+    assert cache.stats().transfer_waits["pending_write"] == 1
+    assert 'hicache_transfer_waits_total{reason="pending_write"} 1.0' in cache.metrics_text()
     empty_everything(cache)
 
 

@@ -40,6 +40,7 @@ class TreeMachine(RuleBasedStateMachine):
         self.windows = [w.name for w in self.c.components.windows]   # window allocators
         self.mem = {"device": {}, "host": {}}   # (allocator, page) -> label
         self.backups, self.loads, self.locks = [], [], []
+        self.unread = []    # dispatched backups whose device reads the tree has not been told of
 
     def make_core(self, **kw) -> TreeCore:
         return core(self.layout_name, **kw)
@@ -68,6 +69,7 @@ class TreeMachine(RuleBasedStateMachine):
         if batch is not None:
             self.dispatch(batch.plan, "device", "host")
             self.backups.append(batch)
+            self.unread.append(batch)
 
     def flush_if_needed(self):
         if self.c.needs_flush:      # demoted pages must be read before anything reuses them
@@ -132,10 +134,19 @@ class TreeMachine(RuleBasedStateMachine):
     def step_flush(self):
         self.flush()
 
+    @precondition(lambda self: self.unread)
+    @rule(i=st.integers(0, 7))
+    def read_backup(self, i):
+        """The data plane dispatched the batch's every piece (the copy above read the device
+        pages then): its pages may be evicted and written again before the ack."""
+        self.c.backup_read(self.unread.pop(i % len(self.unread)).ack_id)
+
     @precondition(lambda self: self.backups)
     @rule(i=st.integers(0, 7), ok=st.integers(0, 4))
     def complete_backup(self, i, ok):
         batch = self.backups.pop(i % len(self.backups))   # any order: acks are reordered
+        if batch in self.unread:
+            self.unread.remove(batch)
         if ok:
             self.c.ack_backup(batch.ack_id)
         else:

@@ -175,3 +175,51 @@ def test_queued_copies_dropped_before_dispatch_release_everything():
         dev(c.node(a.node)).tolist() + dev(c.node(b.node)).tolist())
     c.ack_backup(batch.ack_id)
     c.check_invariants()
+
+
+def test_a_read_backup_lets_its_pages_go_before_the_ack():
+    """Once a batch is dispatched whole (`backup_read`), its nodes' device pages may be
+    evicted before the copy lands: such a node waits on the host (HOST_PENDING), is not
+    matched there until the ack, then is an ordinary host node."""
+    c = core("tiny_v4")
+    r, _ = put(c, seq(1, 2))
+    batch = c.take_backup_batch()
+    assert evict_device(c, 2).device_pages == 0               # read by nothing yet: locked
+    c.backup_read(batch.ack_id)
+    c.check_invariants()
+    assert c.node(r.node).lock_ref == 0 and c.device_room()["kv"] == 8
+    assert evict_device(c, 2).device_pages == 2
+    c.check_invariants()
+    assert c.node(r.node).state is Residency.HOST_PENDING and device_allocs(c)["kv"].num_free == 8
+    assert c.match_prefix(query(seq(1, 2))).total_len == 0    # the host copy is not there yet
+    c.ack_backup(batch.ack_id)
+    c.check_invariants()
+    assert c.node(r.node).state is Residency.HOST and c.match_prefix(query(seq(1, 2))).host_len == 2 * P
+    with pytest.raises(ValueError, match="no backup in flight"):
+        c.backup_read(batch.ack_id)
+
+
+def test_a_read_backup_that_fails_after_its_pages_went_drops_them_and_keeps_the_closure():
+    """Write-through: a read batch fails after its nodes were evicted: their only copy is
+    gone (dropped, counted as backup_failed), and a host copy below them goes too."""
+    c = core("tiny_gqa")
+    parent, _ = put(c, seq(1))
+    first = c.take_backup_batch()
+    child, _ = put(c, seq(1, 2))
+    second = c.take_backup_batch()
+    for b in (first, second):
+        c.backup_read(b.ack_id)
+    c.ack_backup(second.ack_id)                               # the child's copy is durable
+    assert evict_device(c, 2).device_pages == 2               # both leave the device
+    assert c.node(parent.node).state is Residency.HOST_PENDING
+    c.fail_backup(first.ack_id)
+    c.check_invariants()
+    assert c.tree.num_nodes == 0 and c.stats.dropped[("kv", "backup_failed")] == P
+    assert host_allocs(c)["kv"].num_free == 16 and device_allocs(c)["kv"].num_free == 8
+
+
+def test_backup_read_refuses_a_batch_not_dispatched():
+    c = core("tiny_v4")
+    put(c, seq(1))                                            # queued in the open batch, not taken
+    with pytest.raises(ValueError, match="no backup in flight with ack id 1"):
+        c.backup_read(1)
