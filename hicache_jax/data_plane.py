@@ -94,7 +94,8 @@ class DataPlane:
         waited = [t for t in self.transfers.ids() if t.direction is Direction.BACKUP]
         for tid in waited:
             self.complete(tid, blocking=True)
-        self.counters.waits["pending_write"] += bool(waited)
+        if waited:
+            self.counters.waits["pending_write"] += 1
         return queued or bool(waited)
 
     def free_room(self) -> bool:
@@ -107,7 +108,8 @@ class DataPlane:
         waited = self.transfers.ids()
         for tid in waited:
             self.complete(tid, blocking=True)
-        self.counters.waits["room"] += bool(waited)
+        if waited:
+            self.counters.waits["room"] += 1
         return bool(waited)
 
     def step(self) -> StepReport:

@@ -58,6 +58,7 @@ def summarize(run: Run) -> dict:
         "wall_s": round(run.wall_s, 3),
         "phase_s": {phase: round(spent, 3) for phase, spent in run.phase_s.items()},
         "cache_phases_s": {phase: round(spent, 3) for phase, spent in sorted(run.cache_phases_s.items())},
+        "transfer_waits": dict(st.transfer_waits),   # the cache's calls that waited on transfers in flight
         "background_compiles": run.background_compiles,
         "background_compile_s": round(run.background_compile_s, 3),
         "gc_s": round(run.gc_s, 3), "gc_full_passes": run.gc_full_passes,

@@ -60,6 +60,7 @@ def assert_served_well(result: dict, requests: int) -> None:
     assert runs["hicache"]["fused_loads"] == loads.get("plan:load_pieces", 0) <= sum(loads.values())
     assert runs["no_cache"]["program_calls"] == {} and runs["no_cache"]["fused_loads"] == 0
     assert runs["hicache"]["cache_phases_s"]["match"] > 0 and runs["no_cache"]["cache_phases_s"].get("plan", 0) == 0
+    assert runs["no_cache"]["transfer_waits"] == {} and set(runs["hicache"]["transfer_waits"]) <= {"room", "pending_write"}
     for name in ("hicache", "device_only", "no_cache"):
         assert runs[name]["output_tokens"] == runs["hicache"]["output_tokens"]
         phases = runs[name]["phase_s"]     # the step's parts add up to the time the steps took
