@@ -14,7 +14,7 @@ state ends.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import jax
 
@@ -87,11 +87,11 @@ class DataPlane:
         if self._core.needs_flush:
             self.dispatch_backups()
 
-    def land_in_flight(self) -> bool:
-        """Dispatch queued backups and wait for every backup in flight (a prefix whose host
-        copy is still landing); False when nothing was queued or in flight."""
+    def land_in_flight(self, acks: Collection[int]) -> bool:
+        """Dispatch queued backups and wait for those of `acks` in flight (the host copies
+        of a prefix, still landing); False when nothing was queued or waited for."""
         queued = self.dispatch_backups() is not None
-        waited = [t for t in self.transfers.ids() if t.direction is Direction.BACKUP]
+        waited = [t for t in self.transfers.ids() if t.direction is Direction.BACKUP and t.number in acks]
         for tid in waited:
             self.complete(tid, blocking=True)
         if waited:

@@ -95,7 +95,7 @@ class PrefixReads:
                        ) -> tuple[MatchResult, tuple[int, int]]:
         """`m` again once what it stopped at has landed or come from storage, and the pages
         just prefetched from storage, [first, end)."""
-        if load_back and m.pending_len and self._data.land_in_flight():
+        if load_back and m.pending_len and self._data.land_in_flight(m.pending_writes):
             # the host copies it stopped at have landed: match again (the device part, and so
             # the hit tallies, cannot have changed: landing a backup moves no device page)
             m = self._core.match_prefix(tokens)

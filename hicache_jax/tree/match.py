@@ -30,8 +30,9 @@ class MatchResult:
     `device_node`/`host_node`: the last node of the device prefix / of the whole match
     (the root, id 0, when empty); a `load_back` of this match brings `host_len` more tokens.
     `pending_len`: tokens of the prompt that the tree holds, right where the walk stopped,
-    in nodes whose host copy is still being written (write-back demotions in flight);
-    once those backups land, a new match may reach up to that much further.
+    in nodes whose host copy is still being written (write-back demotions, or backups
+    evicted from the device before their ack); once those backups (`pending_writes`, their
+    ack ids) land, a new match may reach up to that much further.
     `window_pages`: per window allocator, its device pages of the trailing window
     (`swa_pages` is the SWA pool's entry).
     """
@@ -44,6 +45,7 @@ class MatchResult:
     host_node: NodeId
     pending_len: int = 0
     window_pages: Mapping[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    pending_writes: frozenset[int] = frozenset()
 
     @property
     def total_len(self) -> int:

@@ -35,6 +35,7 @@ class Matcher:
         page = self._page
         path = [(n, m) for n, m in self._tree.walk(tokens[:cap_tokens(len(tokens), page)]) if m]
         dev_cov = any_cov = pending = 0
+        writes = set()
         for i, (node, matched) in enumerate(path):
             valid = node.state in DEVICE_VALID
             if not (valid or node.state in _REACHABLE):
@@ -42,6 +43,7 @@ class Matcher:
                     if n.state is not Residency.HOST_PENDING:
                         break
                     pending += m // page * page
+                    writes.add(n.write_id)
                 del path[i:]
                 break
             if valid and dev_cov == any_cov:
@@ -62,7 +64,7 @@ class Matcher:
         first = windows[self._windows[0].name] if self._windows else _EMPTY
         return MatchResult(dev_b * page, (all_b - dev_b) * page, dev_pages, first,
                            (dev_chain[-1] if dev_chain else root).id, (chain[-1] if chain else root).id, pending,
-                           windows)
+                           windows, frozenset(writes))
 
     def loads_along(self, tokens) -> set[int]:
         """Ids of the loads in flight that own a node along the usable part of `tokens`'

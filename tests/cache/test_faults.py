@@ -97,7 +97,7 @@ def test_alloc_takes_pages_a_dispatched_backup_has_read_without_waiting_for_it(n
     """Write-through on a slow link: the pages of a backup in flight were read at its
     dispatch, so a request that needs them evicts them at once (the node waits on the host
     for its ack) instead of waiting for the copy to land; the next hit of that prefix then
-    waits for the ack and loads it back, byte for byte."""
+    waits for that ack (no other) and loads it back, byte for byte."""
     cache, faulty, d = make(name, "write_through", device=4)
     faulty.slow.add("backup")                   # seen done only when waited for
     d.request([0, 1, 2], swa_every=True)        # the step after it dispatches its backup
@@ -105,9 +105,11 @@ def test_alloc_takes_pages_a_dispatched_backup_has_read_without_waiting_for_it(n
     d.request([1, 2, 3], swa_every=True)        # takes the first one's pages
     assert first in cache._core.book.pending_acks()           # nobody waited for that copy
     assert cache.stats().transfer_waits.get("room", 0) == 0
+    (second,) = set(cache._core.book.pending_acks()) - {first}
     assert [n.state for n in cache._core.tree.nodes() if n.write_id == first] == [Residency.HOST_PENDING]
     before = d.host_hits
-    d.request([0, 1, 2], swa_every=True)        # waits for the ack, then loads it back (verified)
+    d.request([0, 1, 2], swa_every=True)        # waits for its ack alone, then loads it back (verified)
+    assert first not in cache._core.book.pending_acks() and second in cache._core.book.pending_acks()
     assert d.host_hits - before == 3 * cache.layout.page_size
     assert cache.stats().transfer_waits["pending_write"] == 1
     assert 'hicache_transfer_waits_total{reason="pending_write"} 1.0' in cache.metrics_text()

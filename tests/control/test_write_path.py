@@ -191,7 +191,8 @@ def test_a_read_backup_lets_its_pages_go_before_the_ack():
     assert evict_device(c, 2).device_pages == 2
     c.check_invariants()
     assert c.node(r.node).state is Residency.HOST_PENDING and device_allocs(c)["kv"].num_free == 8
-    assert c.match_prefix(query(seq(1, 2))).total_len == 0    # the host copy is not there yet
+    m = c.match_prefix(query(seq(1, 2)))                       # the host copy is not there yet:
+    assert m.total_len == 0 and m.pending_len == 2 * P and m.pending_writes == {batch.ack_id}
     c.ack_backup(batch.ack_id)
     c.check_invariants()
     assert c.node(r.node).state is Residency.HOST and c.match_prefix(query(seq(1, 2))).host_len == 2 * P
