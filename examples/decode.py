@@ -248,7 +248,8 @@ def main(argv=None) -> int:
     result = outcome_fields(cache, with_cache, without)
     result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
                   window_policy=args.policy.name, overlap=args.overlap,
-                  deferred_loads=dict(cache.stats().deferred_loads), compiles_while_serving=compiles.count,
+                  deferred_loads=dict(cache.stats().deferred_loads), transfer_waits=dict(cache.stats().transfer_waits),
+                  compiles_while_serving=compiles.count,
                   background_compiles=compiles.background, gc_frozen_objects=frozen,
                   gc_full_passes_while_serving=gc_pauses.full_passes() - full_passes,
                   first_program_runs_while_serving=program_runs.first_runs() - runs)

@@ -31,6 +31,7 @@ def test_decode_is_bit_identical_with_host_hits(config, policy, capsys, tmp_path
         assert all(0 <= g <= t for g, t in zip(result[f"gc_ms_in_ttft_{run}"], result[f"ttft_ms_{run}"]))
     # warm-up ran every transfer program once: none runs for the first time while serving
     assert result["first_program_runs_in_ttft"] == [0] * 8 and result["first_program_runs_while_serving"] == 0
+    assert set(result["transfer_waits"]) <= {"room", "pending_write"}   # waits for transfers in flight, counted
     # the cache's calls before each request's first forward are part of its TTFT
     assert all(0 < c < t for c, t in zip(result["cache_calls_ms_in_ttft"], result["ttft_ms_cache"], strict=True))
     assert result["recomputed_tokens"] < result["no_cache_computed_tokens"]
