@@ -20,10 +20,10 @@ from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.storage import StorageStats, metric_families
 from hicache_jax.tree import DropReason, PrefetchOutcome, Refusal, Tier
 
-# transfer duration buckets, seconds: 50 us .. 10 s
 # what a call that waited for transfers in flight waited for: device pages (`alloc`, a load
 # short of room: every transfer), or a prefix's host copy still landing (`acquire`: backups)
 WAITS = ("room", "pending_write")
+# transfer duration buckets, seconds: 50 us .. 10 s
 DURATION_BUCKETS = (5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2, 0.1, 0.25, 0.5, 1.0, 2.5, 10.0)
 
 
