@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 
+BOUND = 2.0     # what a served TTFT should keep after warm-up: its max at most this many times the median
 COLUMNS = ("config", "seed", "device/host pages", "write policy", "layer groups", "identical",
            "compiles while serving", "landed by the step", "TTFT median / p99 / max", "max / median",
            "host hits: cache median", "same requests, recompute median", "GC in the slowest request (ms)",
@@ -74,6 +75,15 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def bound_line(rows: list[dict]) -> str:
+    """How many cases hold the TTFT bound (max <= 2 x median), naming those that do not."""
+    over = [f"{r['config']} {r['seed']} {r['write_policy']} {r['layer_groups'] or 'blocking'}: "
+            f"{r['max_over_median']:.2f} (request {r['slowest']['request']})"
+            for r in rows if r["max_over_median"] > BOUND]
+    return (f"TTFT max <= {BOUND:g} x median in {len(rows) - len(over)} of {len(rows)} cases"
+            + (f"; over: {'; '.join(over)}" if over else ""))
+
+
 def main(argv=None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=pathlib.Path, help="the JSON lines file HICACHE_GPU_RESULTS named")
@@ -88,6 +98,7 @@ def main(argv=None) -> list[dict]:
     order = lambda c: (c["config"], c["seed"], c["write_policy"], -1 if c["layer_groups"] is None else c["layer_groups"])
     rows = [summarise(c) for c in sorted(cases, key=order)]
     print(markdown(rows))
+    print(bound_line(rows), file=sys.stderr)
     if args.out is not None:
         args.out.write_text(json.dumps(rows, indent=1))
     return rows

@@ -248,6 +248,8 @@ def test_decode_table_reproduces_the_published_rows(tmp_path):
            "| 0 / 0 / — |" in [line.replace("tiny-v4", "tiny_v4") for line in table]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert sum(not row["identical"] for row in rows) == 10         # every grouped row of that commit
+    held = sum(row["max_over_median"] <= 2 for row in rows)        # and the bound, said on stderr
+    assert f"TTFT max <= 2 x median in {held} of {len(rows)} cases; over: " in r.stderr
     assert all(row["ttft_ms"]["median"] <= row["ttft_ms"]["p99"] <= row["ttft_ms"]["max"] for row in rows)
 
 
