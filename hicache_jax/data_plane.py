@@ -101,11 +101,12 @@ class DataPlane:
     def free_room(self) -> bool:
         """One move toward device pages for a call short of them, cheapest first: dispatch the
         queued backups (their pages are evictable once read, before the copies land); with
-        none queued, wait for every transfer in flight (loads too: their pages are not
-        evictable until they land). False when there was nothing to do."""
+        none queued, wait for the transfers that pin device pages (`TransferDriver.pinning`:
+        loads, and backups not read yet; a backup read already frees nothing by landing).
+        False when there was nothing to do."""
         if self.dispatch_backups() is not None:
             return True
-        waited = self.transfers.ids()
+        waited = self.transfers.pinning()
         for tid in waited:
             self.complete(tid, blocking=True)
         if waited:

@@ -88,6 +88,11 @@ class TransferDriver:
         return sorted((t for t in self._core.in_flight() if t.direction is not Direction.PREFETCH),
                       key=lambda t: (t.direction.value, t.number))
 
+    def pinning(self) -> list[TransferId]:
+        """The transfers in flight that keep device pages from eviction: loads (the pages they
+        fill) and backups with pieces still to dispatch (pages not read yet)."""
+        return [t for t in self.ids() if t.direction is not Direction.BACKUP or self.moving(t).rest]
+
     def moving(self, tid: TransferId) -> Moving | None:
         return self._core.carrier(tid)
 

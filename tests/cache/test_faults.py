@@ -106,6 +106,10 @@ def test_alloc_takes_pages_a_dispatched_backup_has_read_without_waiting_for_it(n
     assert first in cache._core.book.pending_acks()           # nobody waited for that copy
     assert cache.stats().transfer_waits.get("room", 0) == 0
     (second,) = set(cache._core.book.pending_acks()) - {first}
+    held = cache.acquire(prompt([1, 2, 3]))     # pins the second one's pages: nothing evictable
+    assert cache.alloc(4) is None               # refused at once: landing a read copy frees no page
+    assert second in cache._core.book.pending_acks() and cache.stats().transfer_waits.get("room", 0) == 0
+    cache.unlock(held.lock)
     assert [n.state for n in cache._core.tree.nodes() if n.write_id == first] == [Residency.HOST_PENDING]
     before = d.host_hits
     d.request([0, 1, 2], swa_every=True)        # waits for its ack alone, then loads it back (verified)
