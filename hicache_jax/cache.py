@@ -187,8 +187,8 @@ class HiCache(CacheSeams):
         whenever the layout has one), all or nothing, or None when even eviction cannot free
         enough (a bad count raises ValueError). Pages a queued backup has yet to read and pages
         a load fills are not evictable: while short, this dispatches the queued backups (read
-        pages are evictable before the copy lands) and tries again, then waits for every
-        transfer in flight (landing deferred loads no step took) and tries again, so a refusal
+        pages are evictable before the copy lands) and tries again, then waits for the loads
+        (landing deferred loads no step took) and unread backups and tries again, so a refusal
         does not depend on the link's speed or a failure; `device_room()` then says what each
         allocator could give. The pages are the caller's until `insert` or `free`."""
         need = validate.page_needs(self._core.anchor, self._swa, pages, swa_pages)
