@@ -245,10 +245,10 @@ def main(argv=None) -> int:
     print(f"\nwith cache {t1 - t0:.1f} s, recompute {t2 - t1:.1f} s; bit-identical: {same}")
     if args.metrics_out:
         pathlib.Path(args.metrics_out).write_text(cache.metrics_text())
-    result = outcome_fields(cache, with_cache, without)
+    result, stats = outcome_fields(cache, with_cache, without), cache.stats()
     result.update(requests=args.requests, config=layout.model.name, write_policy=args.write_policy,
                   window_policy=args.policy.name, overlap=args.overlap,
-                  deferred_loads=dict(cache.stats().deferred_loads), transfer_waits=dict(cache.stats().transfer_waits),
+                  deferred_loads=dict(stats.deferred_loads), transfer_waits=dict(stats.transfer_waits),
                   compiles_while_serving=compiles.count,
                   background_compiles=compiles.background, gc_frozen_objects=frozen,
                   gc_full_passes_while_serving=gc_pauses.full_passes() - full_passes,

@@ -91,12 +91,9 @@ class DataPlane:
         """Dispatch queued backups and wait for those of `acks` in flight (the host copies
         of a prefix, still landing); False when nothing was queued or waited for."""
         queued = self.dispatch_backups() is not None
-        waited = [t for t in self.transfers.ids() if t.direction is Direction.BACKUP and t.number in acks]
-        for tid in waited:
-            self.complete(tid, blocking=True)
-        if waited:
-            self.counters.waits["pending_write"] += 1
-        return queued or bool(waited)
+        waited = self._wait([t for t in self.transfers.ids() if t.direction is Direction.BACKUP and t.number in acks],
+                            "pending_write")
+        return queued or waited
 
     def free_room(self) -> bool:
         """One move toward device pages for a call short of them, cheapest first: dispatch the
@@ -104,14 +101,15 @@ class DataPlane:
         none queued, wait for the transfers that pin device pages (`TransferDriver.pinning`:
         loads, and backups not read yet; a backup read already frees nothing by landing).
         False when there was nothing to do."""
-        if self.dispatch_backups() is not None:
-            return True
-        waited = self.transfers.pinning()
-        for tid in waited:
+        return self.dispatch_backups() is not None or self._wait(self.transfers.pinning(), "room")
+
+    def _wait(self, tids: list[TransferId], reason: str) -> bool:
+        """Wait for `tids` to end, counting the wait under `reason` (`metrics.WAITS`); False if none."""
+        for tid in tids:
             self.complete(tid, blocking=True)
-        if waited:
-            self.counters.waits["room"] += 1
-        return bool(waited)
+        if tids:
+            self.counters.waits[reason] += 1
+        return bool(tids)
 
     def step(self) -> StepReport:
         """Dispatch this step's backups (paced: `backup_bytes_per_step`); apply every transfer that ended."""

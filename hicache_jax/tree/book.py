@@ -114,7 +114,7 @@ class TransferBook:
 
     def copy_read(self, node: Node) -> bool:
         """`node`'s pending backup has read its device pages (`mark_read`)."""
-        record = self._writes.get(node.write_id) if node.write_id is not None else None
+        record = self._writes.get(node.write_id)
         return record is not None and record.read
 
     def end_write(self, ack: AckId) -> WriteRecord:
