@@ -3,15 +3,16 @@
 
 For each (mode, pages, requests) it runs `bench_hits.run` (every hit byte-checked, paired
 with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then keeps the
-device events grouped by name (count, median and total microseconds) and a 15 ms window of
-the last hit's device events, in order: its DMAs, slice fusions, joins and unpack kernels.
-The window is anchored on a load program (`load_block`, `load_pieces`, `plan_load`,
-`fused_load`). On a GPU the device events carry fusion names, so it starts at the host's
-last call of such a program (a host event whose name or arguments carry the program's
-function or module name), times
-counted from that call; without such a host event it ends at the last device event named
-after one, and without either at the trace's end (`anchor` says which). On a CPU the trace
-has no device events; the run still checks that it works.
+device events grouped by name (count, median and total microseconds) and, for each timed
+side (`hit`; the batched mode's `one_by_one` and `acquire_many`), the device events of its
+last call, in order: its DMAs, slice fusions, joins and unpack kernels (`hits`). A timed
+call is marked on the host's timeline (`hit:<side>`, `hit_requests.Probe.time`, from the
+call to the device done), so its window holds the early copies and reads it started before
+its load program. Without marks the last hit's window is anchored on a load program
+(`load_block`, `load_pieces`, `plan_load`, `fused_load`): from the host's last call of one
+(a host event whose name or arguments carry the program's function or module name), else
+back from the last device event named after one, else back from the trace's end (`anchor`
+says which). On a CPU the trace has no device events; the run still checks that it works.
 
     python benchmarks/profile_hits.py --out profile_hits.json      # V4-Flash: whole block vs parts
     python benchmarks/profile_hits.py --smoke --out profile_hits.json
@@ -39,6 +40,8 @@ RUNS = [("whole_block", 256, 1), ("shared_prompt", 256, 1), ("multi_turn", 256, 
         ("whole_block", 1, 1), ("shared_prompt", 1, 1)]
 WINDOW_US = 15_000
 LOAD_PROGRAMS = ("load_block", "load_pieces", "plan_load", "fused_load")
+HIT_MARK = "hit:"        # the host's mark of a timed call (hit_requests.Probe.time)
+LEAD_US = 500            # a side's window starts this long before its call
 
 
 def timelines(trace: dict) -> tuple[list[dict], list[dict], dict]:
@@ -72,23 +75,35 @@ def _window(events: list[dict], host: list[dict]) -> tuple[float, float, str]:
     return end - WINDOW_US, end, last["name"][:100] if loads else "trace end"
 
 
+def _events(events: list[dict], threads: dict, start: float, end: float, at: float) -> list[dict]:
+    """The device events starting in [start, end), times from `at`."""
+    return [{"at_us": round(e["ts"] - at, 1), "dur_us": round(e["dur"], 1),
+             "stream": str(threads.get((e["pid"], e["tid"]), e["tid"])), "name": e["name"][:100]}
+            for e in events if start <= e["ts"] < end]
+
+
 def summarise(trace: dict) -> dict:
     events, host, threads = timelines(trace)
     by_name = collections.defaultdict(list)
     for e in events:
         by_name[e["name"][:100]].append(e["dur"])
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
-    window, anchor = [], None
-    if events:
+    marks = {e["name"][len(HIT_MARK):]: e for e in host if e["name"].startswith(HIT_MARK)}   # each side's last
+    hits = {side: {"call_us": round(e["dur"], 1),
+                   "events": _events(events, threads, e["ts"] - LEAD_US, e["ts"] + e["dur"], e["ts"])[:200]}
+            for side, e in marks.items()} if events else {}
+    window, anchor, from_call = [], None, True
+    if hits:                                                     # the last marked call
+        side = max(marks, key=lambda k: marks[k]["ts"])
+        anchor, window = HIT_MARK + side, hits[side]["events"]
+    elif events:
         start, end, anchor = _window(events, host)
-        at = start if anchor.startswith("host: ") else end      # times from the call, or to the end
-        window = [{"at_us": round(e["ts"] - at, 1), "dur_us": round(e["dur"], 1),
-                   "stream": str(threads.get((e["pid"], e["tid"]), e["tid"])), "name": e["name"][:100]}
-                  for e in events if start <= e["ts"] < end]
+        from_call = anchor.startswith("host: ")                  # times from the call, or to the end
+        window = _events(events, threads, start, end, start if from_call else end)
     return {"device_events": len(events), "anchor": anchor,
             "by_name": [{"name": n, "count": len(d), "median_us": round(statistics.median(d), 1),
                          "total_us": round(sum(d), 1)} for n, d in top],
-            "last_hit": window[:120] if anchor and anchor.startswith("host: ") else window[-120:]}
+            "last_hit": window[:120] if from_call else window[-120:], "hits": hits}
 
 
 def profiled(config: str, mode: str, pages: int, n: int, rounds: int) -> dict:

@@ -321,3 +321,12 @@ def test_profile_hits_summarises_device_timelines():
     trace["traceEvents"][-1] = {"ph": "X", "name": "Execute", "pid": 2, "tid": 1, "ts": 29950.0, "dur": 40.0,
                                 "args": {"hlo_module": "jit_fused_load"}}       # the module in its arguments
     assert profile_hits.summarise(trace)["anchor"] == "host: Execute"
+    # marked calls (hit_requests.Probe.time) give each side its own window, from just before its call to its end
+    trace["traceEvents"] += [{"ph": "X", "name": "hit:acquire_many", "pid": 2, "tid": 1, "ts": 28400.0, "dur": 1700.0},
+                             {"ph": "X", "name": "hit:one_by_one", "pid": 2, "tid": 1, "ts": 200.0, "dur": 100.0},
+                             {"ph": "X", "name": "hit:one_by_one", "pid": 2, "tid": 1, "ts": 90.0, "dur": 5.0}]
+    s = profile_hits.summarise(trace)
+    assert s["anchor"] == "hit:acquire_many" and s["hits"]["acquire_many"]["call_us"] == 1700.0
+    assert [(w["name"], w["at_us"]) for w in s["last_hit"]] == [("jit_fused_load", -400.0), ("memcpy", 600.0),
+                                                               ("scatter", 1600.0)]
+    assert [w["name"] for w in s["hits"]["one_by_one"]["events"]] == ["scatter"]      # the side's last call only
