@@ -330,3 +330,20 @@ def test_profile_hits_summarises_device_timelines():
     assert [(w["name"], w["at_us"]) for w in s["last_hit"]] == [("jit_fused_load", -400.0), ("memcpy", 600.0),
                                                                ("scatter", 1600.0)]
     assert [w["name"] for w in s["hits"]["one_by_one"]["events"]] == ["scatter"]      # the side's last call only
+
+
+def test_cache_calls_smoke(tmp_path):
+    """benchmarks/cache_calls.py: each cache call before a forward split into programs, device_puts,
+    waits and Python; a write-back hit's acquire dispatches programs and hands rows to the host."""
+    result = run("cache_calls.py", tmp_path)
+    case, = result["decode"]
+    calls = [c for g in case["before_forward"] for c in g["calls"]]
+    assert {c["call"] for c in calls} == {"step", "acquire", "alloc"}
+    for c in calls:      # the parts add up to the call
+        parts = sum(c.get(k, 0) for k in ("program", "device_put", "block", "python"))
+        assert c["ms"] == pytest.approx(parts, abs=0.01) and c["python"] >= -0.01
+    assert any(c["call"] == "acquire" and c.get("n_program", 0) >= 1 and c.get("n_device_put", 0) >= 1 for c in calls)
+    assert len(case["before_forward"]) >= len(case["cache_calls_ms_in_ttft"])
+    many = result["acquire_many"]
+    assert many["requests"] == 4 and len(many["rounds"]) == 2
+    assert all(r["n_program"] == 1 and r["device_done_ms"] >= r["ms"] for r in many["rounds"])
