@@ -332,6 +332,7 @@ def test_profile_hits_summarises_device_timelines():
     assert [w["name"] for w in s["hits"]["one_by_one"]["events"]] == ["scatter"]      # the side's last call only
 
 
+@pytest.mark.slow
 def test_cache_calls_smoke(tmp_path):
     """benchmarks/cache_calls.py: each cache call before a forward split into programs, device_puts,
     waits and Python; a write-back hit's acquire dispatches programs and hands rows to the host."""
