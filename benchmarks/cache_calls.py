@@ -32,7 +32,7 @@ import sys
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT / "examples"), str(ROOT / "benchmarks")]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples"), str(ROOT / "benchmarks")]
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 import jax  # noqa: E402
