@@ -20,10 +20,12 @@ from hicache_jax.transfer.resident import ResidentIndices
 
 
 def backup_keys(part: chunking.Chunk) -> list[tuple]:
-    """Program keys a backup chunk needs: its pack, and the slices of its host pieces."""
+    """Program keys a backup chunk needs: its pack, and what cuts its host pieces (`pieces`)."""
     pages = part.padded_pages
     if part.whole_run_host_start is not None:
         return [(Program.PACK, pages)]
+    if part.one_run_host_start is not None:
+        return [(Program.PACK, pages), (Program.SPLIT, pages)]
     return [(Program.PACK, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups)]
 
 
@@ -59,33 +61,40 @@ class ChunkDispatch:
         arrays = tuple(tuple(pools[s.name] for s in progs.fmt.pools) for progs, _ in work)
         rows = self._plan_programs.compiled(True, key)(arrays, plan_index([parts[0].device_pages for _, parts in work],
                                                                           self._ints.index))
-        return [tok for (progs, parts), r in zip(work, rows) for tok in self._store(progs, parts[0], r)]
+        return self._store([(progs, parts[0], r) for (progs, parts), r in zip(work, rows)])
 
     def backup(self, progs: AllocatorPrograms, parts, pools) -> list[jax.Array]:
         args = [pools[s.name] for s in progs.fmt.pools]
         if progs.on_mesh and not progs.sharded:  # the first device's shard is the whole pool
             args = [shard_on(x, self.devices.device) for x in args]
         args = tuple(args)
-        tokens = []
-        for part in parts:
-            rows = progs.compiled(Program.PACK, part.padded_pages)(args, self._ints.index(part.device_pages))
-            tokens += self._store(progs, part, rows)
-        return tokens
+        return self._store([(progs, part, progs.compiled(Program.PACK, part.padded_pages)(
+            args, self._ints.index(part.device_pages))) for part in parts])
 
-    def _store(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: jax.Array) -> list[jax.Array]:
-        """Hand a backup chunk's packed rows to the host: one block per host piece."""
-        table = self.host.tables[progs.fmt.allocator]
-        start = part.whole_run_host_start
-        if start is not None:
-            pieces = [(start, rows)]
-        else:
-            pieces = [(int(g.host_rows[i]), progs.compiled(Program.SLICE, part.padded_pages, g.log2_rows)(
-                rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(g.num_real)]
-        blocks = []
-        for host_start, piece in pieces:  # `start` released these pages
-            blocks.append(jax.device_put(piece, progs.host_sharding))
-            table.add(host_start, blocks[-1])
+    def _store(self, packed: list[tuple[AllocatorPrograms, chunking.Chunk, tuple]]) -> list[jax.Array]:
+        """Hand a backup's packed chunks (programs, chunk, rows) to the host: one block per
+        host piece, all of them by one `jax.device_put` (one call, whatever the pieces)."""
+        pieces = [(progs, start, rows) for progs, part, packed_rows in packed
+                  for start, rows in self.pieces(progs, part, packed_rows)]
+        blocks = jax.device_put([rows for _, _, rows in pieces], [progs.host_sharding for progs, _, _ in pieces])
+        for (progs, start, _), block in zip(pieces, blocks):   # `start` released these pages
+            self.host.tables[progs.fmt.allocator].add(start, block)
         return jax.tree.leaves(blocks)
+
+    def pieces(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: tuple) -> list[tuple[int, tuple]]:
+        """(first host page, rows on the device) of each host piece of a packed backup chunk:
+        the rows themselves for a chunk that is one whole run; for one run of n pages (the
+        usual backup: a node's host pages are handed out as a run), the pieces of n's binary
+        digits, all from one `split` call (it also cuts the sizes n lacks, unused); else one
+        `slice` call per piece."""
+        S = part.padded_pages
+        if (start := part.whole_run_host_start) is not None:
+            return [(start, rows)]
+        if (start := part.one_run_host_start) is not None:
+            cut = progs.compiled(Program.SPLIT, S)(rows, self._ints.one(part.num_pages))
+            return [(start + chunking.split_start(part.num_pages, g.log2_rows), cut[g.log2_rows]) for g in part.groups]
+        return [(int(g.host_rows[i]), progs.compiled(Program.SLICE, S, g.log2_rows)(
+            rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(g.num_real)]
 
     def load(self, progs: AllocatorPrograms, parts, chunk_moves, out: dict[str, jax.Array]) -> list[jax.Array]:
         names = [s.name for s in progs.fmt.pools]

@@ -2,7 +2,8 @@
 
     backup (device -> host):  a Pallas gather packs the chunk's pages of every pool and
                               layer into contiguous rows on the device; each power-of-two
-                              piece of a host run becomes a pinned block by `device_put`,
+                              piece of a host run (one `split` call cuts them all) becomes
+                              a pinned block, every piece of the backup by one `device_put`
                               outside any jit (a copy engine, beside the model's steps).
     load   (host -> device):  a chunk that is exactly one block moves as one DMA inside
                               a program that then unpacks it (Pallas scatter) into the

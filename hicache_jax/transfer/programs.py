@@ -8,6 +8,7 @@ so the copy runs beside the model's next step instead of in its stream):
 Rows, blocks and the staging buffer are tuples of the row's stored parts (`RowFormat.parts`):
 
     backup:  pack(S)            pools (read), idx i32[S] -> rows [S, part_elems] per part (device)
+             split(S)           rows, n i32[1] -> a piece of each size 2**k < S (a run of n rows' pieces)
              slice(S, k)        rows, start i32[1] -> rows[start : start + 2**k]
     load:    load_block(S, 0)   pools (donated), block [S, part_elems] per part, idx i32[S] -> pools, token
              load_block(S, 1)   the same from the block's device copy (an early `copy`)
@@ -47,6 +48,7 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, RowFormat
+from hicache_jax.transfer.chunks import split_start
 from hicache_jax.transfer.compile_cache import shared_program
 
 _DEVICE = jax.memory.Space.Device
@@ -57,6 +59,7 @@ class Program(enum.StrEnum):
     """The transfer programs of one allocator; each is compiled once per static shape key."""
 
     PACK = "pack"               # (pages,): pools -> packed rows on the device
+    SPLIT = "split"             # (pages,): the power-of-two pieces of a run of packed rows from row 0
     SLICE = "slice"             # (pages, log2 rows): a piece of packed rows
     LOAD_BLOCK = "load_block"   # (pages, on device): one whole block (or its device copy) -> pools
     H2D = "h2d"                 # (block rows, log2 rows): rows of one block -> staging
@@ -190,6 +193,14 @@ class AllocatorPrograms:
             return tuple(jax.lax.dynamic_slice_in_dim(r, start[0], 1 << log2_rows, 0) for r in rows)
         return piece, (self._staging_spec(pages), self._index(1)), (), self._staged()
 
+    def _split(self, pages: int):
+        count = pages.bit_length() - 1          # pieces of 1, 2, 4, ... pages / 2 rows
+
+        def split(rows, n):
+            return tuple(tuple(jax.lax.dynamic_slice_in_dim(r, split_start(n[0], k), 1 << k, 0) for r in rows)
+                         for k in range(count))
+        return split, (self._staging_spec(pages), self._index(1)), (), (self._staged(),) * count
+
     def _load_block(self, pages: int, on_device: int):
         if self.broadcast_load:
             raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
@@ -285,9 +296,4 @@ def _block_rows(block, start, size: int):
                                 _DEVICE) for b in block)
 
 
-_BUILDERS = {
-    Program.PACK: AllocatorPrograms._pack, Program.SLICE: AllocatorPrograms._slice,
-    Program.LOAD_BLOCK: AllocatorPrograms._load_block, Program.H2D: AllocatorPrograms._h2d,
-    Program.UNPACK: AllocatorPrograms._unpack, Program.TAKE: AllocatorPrograms._take, Program.READ: AllocatorPrograms._read,
-    Program.COPY: AllocatorPrograms._copy, Program.LOAD_PIECES: AllocatorPrograms._load_pieces,
-}
+_BUILDERS = {p: getattr(AllocatorPrograms, f"_{p.value}") for p in Program}   # each program's builder

@@ -17,13 +17,14 @@ def pow2_upto(n: int) -> list[int]:
 
 def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool]) -> list[tuple]:
     """Program keys of chunks of up to `limit` pages: pack and unpack of each padded size,
-    the pieces a backup cuts, a whole-block load of each size (when `early(pages)`, also its
-    early copy and the load from it), and the copies of any piece of any block up to that
-    size (L3 reads too)."""
+    the pieces a backup cuts (`split` from 4 pages: a run of 3 is the shortest it cuts), a
+    whole-block load of each size (when `early(pages)`, also its early copy and the load
+    from it), and the copies of any piece of any block up to that size (L3 reads too)."""
     keys = []
     for pages in pow2_upto(limit):
         k = pages.bit_length() - 1
-        keys += [(Program.PACK, pages), (Program.UNPACK, pages), *((Program.SLICE, pages, j) for j in range(k)),
+        keys += [(Program.PACK, pages), (Program.UNPACK, pages), *([(Program.SPLIT, pages)] if k >= 2 else []),
+                 *((Program.SLICE, pages, j) for j in range(k)),
                  *((Program.H2D, pages, j) for j in range(k + 1)), *((Program.READ, pages, j) for j in range(k + 1))]
         if progs.broadcast_load:
             keys.append((Program.TAKE, pages))

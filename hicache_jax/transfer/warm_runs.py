@@ -30,7 +30,7 @@ class WarmRuns:
     def __init__(self, dispatch: ChunkDispatch, plan_programs: PlanPrograms, pools: dict[str, jax.Array]):
         self._dispatch, self._plan_programs, self.pools = dispatch, plan_programs, pools
         self._blocks: dict[tuple[str, int], tuple] = {}
-        self._rows: dict[tuple[str, int], tuple] = {}          # PACK's output, for SLICE
+        self._rows: dict[tuple[str, int], tuple] = {}          # PACK's output, for SLICE and SPLIT
         self.outputs: list = []                                 # results no later run donates
         self._staged: dict[str, AllocatorPrograms] = {}         # allocators whose staging buffer was written
 
@@ -43,7 +43,7 @@ class WarmRuns:
         match name:
             case Program.PACK:
                 out = self._rows[(a, pages)] = run(pools, _pad(pages, ints.index))
-            case Program.SLICE:
+            case Program.SLICE | Program.SPLIT:
                 out = run(self._rows[(a, pages)], ints.one(0))
             case Program.H2D:      # over the staging buffer (donated): waited for as the buffer, at the end
                 self._staged[a] = progs

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hicache_jax.plan import coalesce
-from hicache_jax.transfer.chunks import next_pow2, split
+from hicache_jax.transfer.chunks import next_pow2, split, split_start
 from pallas_kernels import PAD
 
 
@@ -56,3 +56,25 @@ def test_a_whole_power_of_two_run_is_one_piece():
     assert [(g.log2_rows, g.host_rows.tolist()) for g in chunks[0].groups] == [(2, [3]), (1, [7])]
     chunks = split(np.arange(2, dtype=np.int32), [(0, 3, 1), (1, 9, 1)], 8)  # two runs of one
     assert chunks[0].whole_run_host_start is None and chunks[0].groups[0].host_rows.tolist() == [3, 9]
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_one_run_chunks_are_cut_where_split_cuts_them(seed):
+    """`one_run_host_start` names exactly the chunks that are one host run from staging row
+    0, and their pieces start where `split_start` says (the binary digits of their length
+    above each piece's size)."""
+    rng = np.random.default_rng(seed)
+    chunk_pages = 16
+    n = int(rng.integers(1, 40))
+    gaps = rng.integers(0, 2, n) * (rng.random() < 0.5)         # half the batches: one run
+    host = 5 + np.arange(n) + np.cumsum(gaps)
+    for c, chunk in enumerate(split(np.arange(n, dtype=np.int32), runs_of(host), chunk_pages)):
+        mine = host[c * chunk_pages:c * chunk_pages + chunk.num_pages]
+        one_run = bool((np.diff(mine) == 1).all())
+        start = chunk.one_run_host_start
+        assert (start is not None) == one_run, (mine, start)
+        if one_run:
+            assert start == mine[0]
+            for g in chunk.groups:
+                assert int(g.staging_rows[0]) == split_start(chunk.num_pages, g.log2_rows)
+                assert int(g.host_rows[0]) == start + split_start(chunk.num_pages, g.log2_rows)

@@ -131,6 +131,46 @@ def test_one_page_of_every_pool_and_long_single_runs():
     t.run("load", {"kv": (np.arange(12), np.arange(10, 22))})
 
 
+@pytest.mark.parametrize("name, tp", [("tiny_v4", None), ("tiny_v4", 4)])
+def test_a_backup_of_one_run_is_cut_by_one_split_and_put_by_one_call(name, tp, monkeypatch):
+    """A backup chunk of one host run of n pages (n not a power of two) is cut into its
+    binary pieces by one `split` call, and every piece of the backup goes to the host in one
+    `jax.device_put`; a chunk of two runs falls back to a `slice` per piece. Each piece is its
+    own host block, and every byte is where it belongs."""
+    t = Harness(name, tp, "reference")
+    assert t.engine.chunk_pages("kv") == 8
+    t.engine.warmup(8)                       # every one-element index kept: no put of its own
+    labels, puts, starting = [], [], []      # what `start` runs (not the harness's reads)
+    t.engine.on_program_call(lambda label, program, *args: (starting and labels.append(label.split("[")[0]))
+                             or program(*args))
+    real_put, real_start = jax.device_put, t.engine.start
+
+    def put(x, *args, **kwargs):
+        if starting:
+            puts.append(len(jax.tree.leaves(x)))
+        return real_put(x, *args, **kwargs)
+
+    def start(*args, **kwargs):
+        starting.append(True)
+        try:
+            return real_start(*args, **kwargs)
+        finally:
+            starting.clear()
+    monkeypatch.setattr(jax, "device_put", put)
+    monkeypatch.setattr(t.engine, "start", start)
+    t.run("backup", {"kv": ([9, 2, 6, 0, 11, 4, 7], np.arange(20, 27))})       # 7 = 4 + 2 + 1 in a chunk of 8
+    parts = len(t.engine.host.formats["kv"].parts)
+    assert labels == ["kv:pack", "kv:split"] and puts == [3 * parts], (labels, puts)
+    table = t.engine.host.tables["kv"]
+    assert [table.segments(20, 7)[i][1:] for i in range(3)] == [(0, 4), (0, 2), (0, 1)]
+    labels.clear()
+    t.run("backup", {"kv": ([1, 3, 5, 8, 10], [2, 3, 4, 9, 10])})             # runs of 3 and 2
+    assert labels.count("kv:slice") == 3 and "kv:split" not in labels, labels
+    labels.clear()
+    t.run("load", {"kv": (np.arange(7), np.arange(20, 27))})                 # the pieces come back exact
+    t.check()
+
+
 @pytest.mark.parametrize("name", ["tiny_v4", "tiny_v41"])
 def test_a_plan_of_whole_runs_moves_as_one_program(name):
     """kv pages plus a window's SWA pages, each one whole host run: one program per plan
@@ -146,7 +186,7 @@ def test_a_plan_of_whole_runs_moves_as_one_program(name):
     whole_plans = lambda: [k for k in t.engine.compiled_programs() if k.startswith("plan:") and "load_pieces" not in k]
     plans = whole_plans()
     assert sorted(p.split("[")[0] for p in plans) == ["plan:load_block", "plan:pack"]
-    moving = ("pack", "slice", "load_block", "unpack", "h2d")  # the harness reads rows with others
+    moving = ("pack", "split", "slice", "load_block", "unpack", "h2d")  # the harness reads rows with others
     assert not [k for k in t.engine.compiled_programs() if not k.startswith("plan:") and any(m in k for m in moving)]
     t.run("load", {**whole, "kv": ([0, 2, 5], [1, 7, 30])})       # fragmented kv: per allocator
     wide = {**whole, **{a: ([3 + i, 9 - i], [20 + 2 * i, 21 + 2 * i]) for i, a in enumerate(others)}}
