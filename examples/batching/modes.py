@@ -48,12 +48,13 @@ def make_cache(kind: CacheKind, layout, device_pages: int, host_pages: int,
 class CacheCalls:
     """The cache calls of a batched loop for one `CacheKind`.
 
-    Per step the scheduler calls `step()`; `room()` to reserve pages for admissions (not
+    Per step the scheduler calls `room()` to reserve pages for admissions (not
     under eager admission); `alloc` + `grow` for running sequences' next
     chunks (`release` of the newest when it must preempt); `acquire` for the requests it
     admits (one call for all of them), then `alloc` + `place` for each one's first chunk
     (`refuse` for one that does not fit); the loop runs the model step on
-    `cache.device_pools` / `set_device_pools`; `release` for each sequence that finished.
+    `cache.device_pools` / `set_device_pools`, then `step()` while the device runs it;
+    `release` for each sequence that finished.
     """
 
     def __init__(self, kind: CacheKind, cache: hc.HiCache, window_policy: hc.WindowPolicy):
