@@ -26,7 +26,8 @@ from hicache_jax.plan import Direction, TransferPlan
 from hicache_jax.storage_link import StorageLink
 from hicache_jax.transfer import TransferEngine
 from hicache_jax.transfer_driver import Ended, TransferDriver
-from hicache_jax.tree import TransferId, TreeCore
+from hicache_jax.pools.host_tier import NO_BLOCK
+from hicache_jax.tree import Tier, TransferId, TreeCore
 
 
 class DataPlane:
@@ -36,6 +37,7 @@ class DataPlane:
         self.pools: dict[str, jax.Array] = engine.init_device_pools()
         self.counters = TransferCounters()
         self.transfers = TransferDriver(layout, core, engine, self.counters, clock, config.transfer.timeout_s)
+        core.ledger.host_freed = engine.host.freed   # a host page the tree frees is dead in its block
 
     # -- the pools ---------------------------------------------------------------------------
     def adopt(self, pools: Mapping[str, jax.Array], landed=None) -> None:
@@ -134,8 +136,14 @@ class DataPlane:
             self.storage.drain()
 
     def check(self) -> None:
-        """The pools are placed as the engine expects; every transfer in flight is moving."""
+        """The pools are placed as the engine expects; every transfer in flight is moving; the
+        host blocks add up, and no page the tree has free lives in one."""
         self.engine.check_device_pools(self.pools)
+        for allocator, table in self.engine.host.tables.items():
+            table.check_invariants()
+            free = self._core.ledger.allocators(Tier.HOST)[allocator].free_pages()
+            mapped = free[table.block_of[free] != NO_BLOCK]
+            assert not mapped.size, f"free host pages {mapped.tolist()} of {allocator} still live in a block"
         unmoved = sorted(str(t) for t in self._core.in_flight() if self._core.carrier(t) is None)
         if unmoved:
             raise AssertionError(f"bug: transfers in flight with nothing moving them: {unmoved}")

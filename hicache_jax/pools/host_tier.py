@@ -16,9 +16,9 @@ through the public API"). A load of a prefix that was backed up as one run moves
 blocks; any other load slices the blocks it touches.
 
 Host pages are counted by the tree's allocators as before; this table only follows where
-their bytes are. A page that is written again leaves its old block; a block that holds no
-page is dropped. Blocks whose pages were partly rewritten hold dead rows, so the rows held
-may exceed the pages: the engine compacts the sparsest blocks (`sparsest`,
+their bytes are. A page that is written again, or that the tree frees (`freed`), leaves its
+old block; a block that holds no page is dropped. Blocks whose pages were partly rewritten
+or freed hold dead rows, so the rows held may exceed the pages: the engine compacts the sparsest blocks (`sparsest`,
 `HostBlocks.make_room`) before a write would hold more rows than the tier has pages.
 Pinned memory is claimed once, at start (`prewarm`: XLA's pinned allocator keeps it for
 later blocks); pinning is what a start costs, about 0.5 s per GiB on the H200 machine
@@ -151,6 +151,12 @@ class HostTier:
 
     def sharding(self, allocator: str) -> jax.sharding.Sharding:
         return self.devices.row_sharding(self.formats[allocator].sharded, HOST_MEMORY)
+
+    def freed(self, allocator: str, pages: np.ndarray) -> None:
+        """The tree freed host `pages` of `allocator`: their rows are dead (a block none of
+        whose pages lives any more is dropped, and compaction never copies them)."""
+        if allocator in self.tables:
+            self.tables[allocator].release(np.asarray(pages, np.int64))
 
     def block_counts(self) -> dict[str, tuple[int, int]]:
         """Per allocator: (rows its blocks hold, at most its host pages after a write; pages

@@ -10,6 +10,8 @@ At any time a page is exactly one of
 
 so, per tier and allocator, free + held + nodes' + retired == capacity. Every change to a
 node's pages goes through the ledger, and `check` recomputes the law from scratch.
+`host_freed(allocator, pages)`, when set, hears of every host page freed, as it is freed
+(the host tier then forgets where those pages' bytes were).
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ class PageLedger:
         self.components = components
         self._tiers = tuple(TierAllocators(layout, tier.name.lower(), capacity[tier]) for tier in Tier)
         self._held: dict[str, set[int]] = {c.name: set() for c in components}
+        self.host_freed: Callable[[str, np.ndarray], None] | None = None
 
     def allocators(self, tier: Tier) -> TierAllocators:
         return self._tiers[tier]
@@ -47,6 +50,8 @@ class PageLedger:
     def free(self, tier: Tier, allocator: str, pages: np.ndarray) -> None:
         if len(pages):
             self._tiers[tier][allocator].free(pages)
+            if tier is Tier.HOST and self.host_freed is not None:
+                self.host_freed(allocator, np.asarray(pages))
 
     # -- pages held by requests (device tier) ------------------------------------------------
     def hold(self, pages: Pages) -> None:

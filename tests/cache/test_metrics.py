@@ -86,3 +86,22 @@ def test_the_tally_counts_every_transfer_when_read_and_keeps_at_most_a_bounded_b
     Driver(cache).request([0, 1, 2])
     cache.drain()
     assert cache.stats().transfers == {"backup": 1} and cache._data.counters._done == []   # read: counted
+
+
+def test_host_pages_the_tree_frees_leave_their_blocks():
+    """Under host pressure the tree frees host pages of evicted nodes; their rows leave the
+    pinned blocks at once, so the blocks hold exactly the pages in use (each request backed
+    up alone: no block is left part-dead), nothing is ever compacted, and the prefixes
+    still cached come back exact."""
+    cache = hc.HiCache(layout("tiny_v4"), hc.HiCacheConfig(device_pages=6, host_pages=9, check_invariants=True))
+    d = Driver(cache)
+    # 3 pages, then 1, ...: a 1-page backup evicts a 3-page node from the host and reuses one page
+    requests = [[10 * r + i for i in range(3 if r % 2 == 0 else 1)] for r in range(10)]
+    for blocks in requests:
+        d.request(blocks)
+        cache.drain()
+        s = cache.stats()
+        assert s.host_held_bytes == s.host_used_bytes, (s.host_held_bytes, s.host_used_bytes)
+    assert cache.stats().evicted_tokens["host"] >= 3 * 256                # nodes left the host
+    assert cache.stats().host_compacted_pages == {"kv": 0, "swa": 0}
+    assert d.request(requests[-2]) == 3 * 256                             # a cached one, exact (verified)
