@@ -23,10 +23,10 @@ from hicache_jax.layout import PoolLayout
 from hicache_jax.metrics import TransferCounters
 from hicache_jax.outcomes import StepReport
 from hicache_jax.plan import Direction, TransferPlan
+from hicache_jax.pools.host_tier import NO_BLOCK
 from hicache_jax.storage_link import StorageLink
 from hicache_jax.transfer import TransferEngine
 from hicache_jax.transfer_driver import Ended, TransferDriver
-from hicache_jax.pools.host_tier import NO_BLOCK
 from hicache_jax.tree import Tier, TransferId, TreeCore
 
 

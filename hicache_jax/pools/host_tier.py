@@ -18,8 +18,9 @@ blocks; any other load slices the blocks it touches.
 Host pages are counted by the tree's allocators as before; this table only follows where
 their bytes are. A page that is written again, or that the tree frees (`freed`), leaves its
 old block; a block that holds no page is dropped. Blocks whose pages were partly rewritten
-or freed hold dead rows, so the rows held may exceed the pages: the engine compacts the sparsest blocks (`sparsest`,
-`HostBlocks.make_room`) before a write would hold more rows than the tier has pages.
+or freed hold dead rows, so the rows held may exceed the pages: the engine compacts the
+sparsest blocks (`sparsest`, `HostBlocks.make_room`) before a write would hold more rows
+than the tier has pages.
 Pinned memory is claimed once, at start (`prewarm`: XLA's pinned allocator keeps it for
 later blocks); pinning is what a start costs, about 0.5 s per GiB on the H200 machine
 (BENCHMARKS.md, "Host tier start-up").
