@@ -6,7 +6,8 @@ measured around everything the step does (growing and admitting with their `acqu
 while the device runs it, fetching its tokens, which waits for it, and the `insert` /
 `retract` of the sequences that leave). A request arrives when the clock passes its
 arrival time (the trace timestamp x `--time-scale`); when nothing is running or waiting,
-the clock jumps to the next arrival. Each token is stamped with the clock at the end of its step, so:
+the clock jumps to the next arrival. Each token is stamped with the clock at the end of
+its step, so:
 
     TTFT            first token's time - arrival (queueing, prefix loads, prefill, and
                     any preemption before the first token included)

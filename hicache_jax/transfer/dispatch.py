@@ -20,7 +20,7 @@ from hicache_jax.transfer.resident import ResidentIndices
 
 
 def backup_keys(part: chunking.Chunk) -> list[tuple]:
-    """Program keys a backup chunk needs: its pack, and what cuts its host pieces (`pieces`)."""
+    """Program keys a backup chunk needs: its pack, and what cuts its host pieces (`_pieces`)."""
     pages = part.padded_pages
     if part.whole_run_host_start is not None:
         return [(Program.PACK, pages)]
@@ -75,13 +75,13 @@ class ChunkDispatch:
         """Hand a backup's packed chunks (programs, chunk, rows) to the host: one block per
         host piece, all of them by one `jax.device_put` (one call, whatever the pieces)."""
         pieces = [(progs, start, rows) for progs, part, packed_rows in packed
-                  for start, rows in self.pieces(progs, part, packed_rows)]
+                  for start, rows in self._pieces(progs, part, packed_rows)]
         blocks = jax.device_put([rows for _, _, rows in pieces], [progs.host_sharding for progs, _, _ in pieces])
         for (progs, start, _), block in zip(pieces, blocks):   # `start` released these pages
             self.host.tables[progs.fmt.allocator].add(start, block)
         return jax.tree.leaves(blocks)
 
-    def pieces(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: tuple) -> list[tuple[int, tuple]]:
+    def _pieces(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: tuple) -> list[tuple[int, tuple]]:
         """(first host page, rows on the device) of each host piece of a packed backup chunk:
         the rows themselves for a chunk that is one whole run; for one run of n pages (the
         usual backup: a node's host pages are handed out as a run), the pieces of n's binary
@@ -90,9 +90,9 @@ class ChunkDispatch:
         S = part.padded_pages
         if (start := part.whole_run_host_start) is not None:
             return [(start, rows)]
-        if (start := part.one_run_host_start) is not None:
+        if part.one_run_host_start is not None:
             cut = progs.compiled(Program.SPLIT, S)(rows, self._ints.one(part.num_pages))
-            return [(start + chunking.split_start(part.num_pages, g.log2_rows), cut[g.log2_rows]) for g in part.groups]
+            return [(int(g.host_rows[0]), cut[g.log2_rows]) for g in part.groups]
         return [(int(g.host_rows[i]), progs.compiled(Program.SLICE, S, g.log2_rows)(
             rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(g.num_real)]
 

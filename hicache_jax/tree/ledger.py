@@ -51,7 +51,7 @@ class PageLedger:
         if len(pages):
             self._tiers[tier][allocator].free(pages)
             if tier is Tier.HOST and self.host_freed is not None:
-                self.host_freed(allocator, np.asarray(pages))
+                self.host_freed(allocator, pages)
 
     # -- pages held by requests (device tier) ------------------------------------------------
     def hold(self, pages: Pages) -> None:
