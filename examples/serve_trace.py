@@ -38,7 +38,7 @@ import jax  # noqa: E402
 import hicache_jax as hc  # noqa: E402
 from examples import gc_pauses  # noqa: E402
 from examples.batching.check import check, sample_indices  # noqa: E402
-from examples.batching.loop import serve, warm_up  # noqa: E402
+from examples.batching.loop import PHASES, serve, warm_up  # noqa: E402
 from examples.batching.modes import CacheCalls, CacheKind, make_cache  # noqa: E402
 from examples.batching.scheduler import ADMISSIONS  # noqa: E402
 from examples.batching.report import ratios, summarize, table  # noqa: E402
@@ -69,6 +69,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="arrival = trace timestamp x X (0.5: twice as fast)" + d)
     ap.add_argument("--check", type=int, default=3, help="requests recomputed alone and compared bit for bit" + d)
     ap.add_argument("--plot", default=None, metavar="PNG", help="write TTFT CDFs and throughput over time there")
+    ap.add_argument("--steps-out", default=None, metavar="JSON",
+                    help="write every step of every run there (wall time by part, batch, transfer programs)")
     ap.add_argument("--quiet", action="store_true", help="no progress bars or per-run lines")
     ap.add_argument("--device-pages", type=int, default=None,
                     help="device pages per allocator (default: half of what --max-batch requests of the "
@@ -207,6 +209,11 @@ def main(argv=None) -> int:
         from examples.batching.plot import plot
         plot(runs, args.plot, f"{layout.model.name}: {len(jobs)} requests of {pathlib.Path(args.trace).name}, "
                               f"{B} slots, time scale {args.time_scale}")
+    if args.steps_out:
+        fields = ["clock_s", "wall_s", "batch", "tokens", *(f"{p}_s" for p in PHASES), "fetch_s", "programs", "dispatch_s", "wait_s"]
+        rows = {name: [[r.clock_s, r.wall_s, r.batch, r.tokens, *r.phase_s, r.fetch_s, r.programs, r.dispatch_s, r.wait_s]
+                       for r in run.steps] for name, run in runs.items()}
+        pathlib.Path(args.steps_out).write_text(json.dumps({"fields": fields, "runs": rows}))
     hi = summaries["hicache"]
     out = {
         "requests": len(jobs), "config": layout.model.name, "trace": pathlib.Path(args.trace).name,

@@ -48,6 +48,11 @@ class StepRecord:
     wall_s: float        # the step's wall time
     batch: int           # sequences computed together
     tokens: int          # tokens generated
+    phase_s: tuple[float, ...]   # the step's wall time by part (PHASES, in order)
+    fetch_s: float       # of "model": fetching the tokens, i.e. waiting for the device to finish the step
+    programs: int        # transfer programs the cache ran in the step
+    dispatch_s: float    # of which in the engine's `start` (transfers dispatched) ...
+    wait_s: float        # ... and in waits for transfers in flight (`HiCache.time_phases`)
 
 
 @dataclasses.dataclass
@@ -95,6 +100,8 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     calls.cache.on_program_call(count)
     cache_phases = calls.cache.time_phases()      # where the schedule's cache calls spend their time
     while pending or sched.busy:
+        calls0 = sum(program_calls.values())
+        cache0 = cache_phases.get("dispatch", 0.0), cache_phases.get("wait", 0.0)
         if not sched.busy:
             clock = max(clock, pending[0].arrival_s)        # idle: the next arrival comes
         while pending and pending[0].arrival_s <= clock:
@@ -117,13 +124,15 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
         got = sched.advance(batch, tokens, digests, kept)
         t5 = time.perf_counter()
         dt = t5 - t0
-        for phase, spent in zip(PHASES, (t3 - t2, t1 - t0, t2 - t1 + t4 - t3, t5 - t4)):
+        parts = (t3 - t2, t1 - t0, t2 - t1 + t4 - t3, t5 - t4)
+        for phase, spent in zip(PHASES, parts):
             phases[phase] += spent
         clock += dt
         for seq in got:
             seq.token_times.append(clock)
         done += sum(s.finished for s in got)
-        steps.append(StepRecord(clock, dt, len(batch), len(got)))
+        steps.append(StepRecord(clock, dt, len(batch), len(got), parts, t4 - t3, sum(program_calls.values()) - calls0,
+                                cache_phases.get("dispatch", 0.0) - cache0[0], cache_phases.get("wait", 0.0) - cache0[1]))
         bar.update(done, len(sched.running), len(sched.waiting) + len(pending), clock)
     bar.update(done, 0, 0, clock, force=True)
     bar.close()

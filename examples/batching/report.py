@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from examples.batching.loop import Run
+from examples.batching.loop import PHASES, Run
 from examples.batching.sequence import TIERS
 
 FUSED_LOAD = "plan:load_pieces"    # the label of a load's one fused program (hicache_jax.transfer.plan_programs)
@@ -64,6 +64,34 @@ def summarize(run: Run) -> dict:
         "gc_s": round(run.gc_s, 3), "gc_full_passes": run.gc_full_passes,
         "fused_loads": run.program_calls.get(FUSED_LOAD, 0),
         "program_calls": run.program_calls,
+        "step_profile": step_profile(run),
+    }
+
+
+def step_profile(run: Run) -> dict:
+    """Where the steps' wall time goes, step by step (ms): each part's median and p99 over
+    the steps, and the median wait for the device after everything was dispatched; and the slow steps (over twice the median step): how many, the wall time
+    they took beyond the median, and what they spent in each part, in the engine's
+    dispatch and in transfer waits, with the transfer programs they ran."""
+    if not run.steps:
+        return {}
+    wall = 1e3 * np.asarray([r.wall_s for r in run.steps])
+    parts = 1e3 * np.asarray([r.phase_s for r in run.steps]).reshape(len(wall), len(PHASES))
+    median = float(np.median(wall))
+    slow = wall > 2 * median
+    ms = lambda x: round(float(x), 3)
+    return {
+        "step_ms": {"p50": ms(median), "p99": ms(np.percentile(wall, 99)), "max": ms(wall.max())},
+        "part_ms_p50": {p: ms(np.median(parts[:, i])) for i, p in enumerate(PHASES)},
+        "part_ms_p99": {p: ms(np.percentile(parts[:, i], 99)) for i, p in enumerate(PHASES)},
+        "fetch_ms_p50": ms(1e3 * np.median([r.fetch_s for r in run.steps])),   # the device still busy
+        "slow_steps": int(slow.sum()),
+        "slow_excess_ms": ms((wall[slow] - median).sum()),
+        "slow_part_ms": {p: ms(parts[slow, i].sum()) for i, p in enumerate(PHASES)},
+        "slow_dispatch_ms": ms(1e3 * sum(r.dispatch_s for r, s in zip(run.steps, slow) if s)),
+        "slow_wait_ms": ms(1e3 * sum(r.wait_s for r, s in zip(run.steps, slow) if s)),
+        "programs_per_step": ms(np.mean([r.programs for r in run.steps])),
+        "programs_per_slow_step": ms(np.mean([r.programs for r, s in zip(run.steps, slow) if s]) if slow.any() else 0),
     }
 
 

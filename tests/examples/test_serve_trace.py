@@ -72,6 +72,13 @@ def assert_served_well(result: dict, requests: int) -> None:
         assert sum(cache_phases.values()) <= phases["cache_step"] + phases["schedule"] + phases["advance"] + 0.01
         assert 0 < result["ttft_ms"][name]["p50"] <= result["ttft_ms"][name]["p99"]
         assert result["throughput_tok_s"][name] > 0
+        profile = runs[name]["step_profile"]    # per step: the slow ones' parts add up to their time
+        assert 0 < profile["step_ms"]["p50"] <= profile["step_ms"]["p99"] <= profile["step_ms"]["max"]
+        assert set(profile["part_ms_p50"]) == set(phases) and profile["slow_steps"] < runs[name]["steps"]
+        slow_ms = sum(profile["slow_part_ms"].values())
+        assert profile["slow_excess_ms"] <= slow_ms and (profile["slow_steps"] > 0) == (slow_ms > 0)
+        assert profile["slow_dispatch_ms"] + profile["slow_wait_ms"] <= slow_ms + 0.01
+    assert runs["hicache"]["step_profile"]["programs_per_step"] > 0 == runs["no_cache"]["step_profile"]["programs_per_step"]
     assert set(result["ratios"]) == {"vs_device_only", "vs_no_cache"}
 
 
@@ -80,11 +87,16 @@ def test_the_conversation_trace_on_the_cpu(capsys, tmp_path):
     """The CPU acceptance run: 48 requests of Mooncake's conversation trace, prompts cut to
     2048 tokens. Only their first block is shared, so the host hits are preempted requests
     coming back to the pages they left (`retract`), evicted meanwhile."""
-    png = tmp_path / "serve.png"
+    png, steps = tmp_path / "serve.png", tmp_path / "steps.json"
     code, result = run(capsys, "--trace", str(TRACE), "--config", str(CONFIGS / "tiny_v4.json"), "--limit", "48",
-                       "--max-input-tokens", "2048", "--plot", str(png))
+                       "--max-input-tokens", "2048", "--plot", str(png), "--steps-out", str(steps))
     assert code == 0
     assert_served_well(result, 48)
+    recorded = json.loads(steps.read_text())       # every step of every run, its parts adding up to its time
+    wall, parts = recorded["fields"].index("wall_s"), slice(4, 8)
+    for name, rows in recorded["runs"].items():
+        assert len(rows) == result["runs"][name]["steps"]
+        assert all(abs(sum(r[parts]) - r[wall]) < 1e-6 for r in rows)
     assert result["runs"]["hicache"]["preemptions"] > 0
     assert png.read_bytes()[:8] == PNG
 
