@@ -68,8 +68,9 @@ import hicache_jax as hc  # noqa: E402
 
 MODES = ("whole_block", "write_back_batch", "shared_prompt", "multi_turn", "first_vs_repeat", "batched")
 BATCH_PROMPTS = 4          # write_back_batch: prompts evicted together
-WARM = max(1, hc.TransferConfig().fuse_after)   # warm-up rounds: a shape of pieces gets its program at its
-                                                # fuse_after-th load (compiled before the measured rounds)
+FUSE_AFTER = 4     # each mode's hits repeat one shape of pieces: they opt into its fused program
+WARM = FUSE_AFTER  # warm-up rounds: the shape's program starts compiling at its FUSE_AFTER-th load
+                   # (compiled before the measured rounds)
 
 
 def make_cache(config: str, policy: str, kv_pages: int, window_pages: int) -> hc.HiCache:
@@ -81,7 +82,7 @@ def make_cache(config: str, policy: str, kv_pages: int, window_pages: int) -> hc
         device_pages=kv_pages + 2, swa_device_pages=window_pages + 2 if swa else None,
         host_pages={layout.anchor.name: kv_pages + 2, **({swa: window_pages + 2} if swa else {})},
         write_policy=policy, load_back_threshold=1,
-        transfer=hc.TransferConfig(host_memory_limit_bytes=1 << 40)))
+        transfer=hc.TransferConfig(host_memory_limit_bytes=1 << 40, fuse_after=FUSE_AFTER)))
 
 
 class Hits:

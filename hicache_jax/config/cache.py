@@ -83,11 +83,13 @@ class TransferConfig:
     `landing_buckets` sizes (the largest powers of two of a chunk) to the step, so the step
     compiles for that many shapes, at warm-up (`HiCache.landing_examples`). A one-block load
     of at least `early_copy_bytes` starts its copy before the plan is checked. A load that
-    gathers pieces of several host blocks gets a program of its own (one dispatch) once its
-    shape has been seen `fuse_after` times: it compiles on a background thread from then
-    on (0: never): under traffic most shapes come once or twice (BENCHMARKS.md, "Fused
-    loads under a trace"), and a compilation takes the serving loop's CPU and GIL (about
-    0.45 s of tracing and lowering per program with the Mosaic GPU kernels).
+    gathers pieces of several host blocks moves by one program per piece and allocator;
+    with `fuse_after` = n > 0 a shape of pieces seen n times gets a program of its own (one
+    dispatch), compiled on a background thread. Off by default: under traffic most shapes
+    come once or twice, and each compilation holds the serving thread's GIL for about 0.45 s
+    of tracing and lowering (Mosaic GPU kernels), which stalls the loop's steps
+    (BENCHMARKS.md, "Fused loads stall a replay on the H200"). Turn it on where the same hit
+    shapes recur (a benchmark, a fixed batch of system prompts) and warm them up.
     """
 
     max_staging_bytes: int = 512 << 20          # device staging per allocator; bounds a chunk
@@ -99,7 +101,7 @@ class TransferConfig:
     host_memory_limit_bytes: int | None = None  # default: XLA's pinned pool cap (`xla_pinned_limit_bytes`)
     kernels: str = "auto"                       # pack/unpack kernels: a name of `pallas_kernels.IMPLS`
     block_bytes: int | None = None              # bytes one kernel copy moves (default: the backend's)
-    fuse_after: int = 4                         # loads of one shape of pieces before its program compiles
+    fuse_after: int = 0                         # loads of one shape of pieces before its program compiles (0: never)
 
     def __post_init__(self):
         check = _Checker(self)

@@ -88,7 +88,7 @@ def test_program_calls_of_one_merged_start(name):
     blocks = ([2, 3], [4], [5, 6])
     calls = {}
     for how in ("one_by_one", "many", "many_again"):
-        cache, d = make(name)
+        cache, d = make(name, transfer=hc.TransferConfig(fuse_after=2))
         offload(d, list(blocks))
         toks = [prompt(b) for b in blocks]
         if how == "many_again":                    # the same shape `fuse_after` times before: its program compiles
