@@ -70,9 +70,10 @@ def summarize(run: Run) -> dict:
 
 def step_profile(run: Run) -> dict:
     """Where the steps' wall time goes, step by step (ms): each part's median and p99 over
-    the steps, and the median wait for the device after everything was dispatched; and the slow steps (over twice the median step): how many, the wall time
-    they took beyond the median, and what they spent in each part, in the engine's
-    dispatch and in transfer waits, with the transfer programs they ran."""
+    the steps, and the median wait for the device once everything was dispatched; and the
+    slow steps (over twice the median step): how many, the wall time they took beyond the
+    median, what they spent in each part, in the engine's dispatch and in transfer waits,
+    and the transfer programs they ran."""
     if not run.steps:
         return {}
     wall = 1e3 * np.asarray([r.wall_s for r in run.steps])
