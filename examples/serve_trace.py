@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 import jax  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
+from pallas_kernels import IMPLS, resolve  # noqa: E402
 from examples import gc_pauses  # noqa: E402
 from examples.batching.check import check, sample_indices  # noqa: E402
 from examples.batching.loop import PHASES, serve, warm_up  # noqa: E402
@@ -89,6 +90,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--fuse-after", type=int, default=None, metavar="N",
                     help="HiCache run: compile a load shape's one program at its N-th sighting, 0: never "
                          "(TransferConfig.fuse_after; default: its default)")
+    ap.add_argument("--kernels", default="auto", choices=IMPLS,
+                    help="HiCache run: the pack / unpack kernels (TransferConfig.kernels)" + d)
     ap.add_argument("--seed", type=int, default=0, help="seed of random weights and of token ids" + d)
     ap.add_argument("--chunk", type=int, default=None, help="Gemma only: positions per forward, a divisor of "
                                                               "the page (default 32)")
@@ -180,7 +183,9 @@ def main(argv=None) -> int:
     model = build_model(args)
     sample = sample_indices(jobs, args.check)
     rows = min(len(sample), B)
-    caches = {kind: make_cache(kind, layout, args.device_pages, args.host_pages, args.write_policy, args.fuse_after)
+    transfer = hc.TransferConfig(kernels=args.kernels, **({} if args.fuse_after is None else
+                                                          {"fuse_after": args.fuse_after}))
+    caches = {kind: make_cache(kind, layout, args.device_pages, args.host_pages, args.write_policy, transfer)
               for kind in CacheKind}
     say(args, "compiling the transfer programs and the batched step (a one-off) ...")
     caches[CacheKind.HICACHE].warmup()    # every chunk size: a step's backups merge many requests' pages
@@ -215,6 +220,8 @@ def main(argv=None) -> int:
                        for r in run.steps] for name, run in runs.items()}
         pathlib.Path(args.steps_out).write_text(json.dumps({"fields": fields, "runs": rows}))
     hi = summaries["hicache"]
+    backend, interpreted = resolve(args.kernels)
+    kernels = backend + (" (interpreted)" if interpreted else "")      # what the HiCache run's programs used
     out = {
         "requests": len(jobs), "config": layout.model.name, "trace": pathlib.Path(args.trace).name,
         "max_batch": max(s["max_batch"] for s in summaries.values()), "slots": B,
@@ -229,7 +236,8 @@ def main(argv=None) -> int:
         "device_pages": args.device_pages, "host_pages": args.host_pages, "max_pages": args.max_pages,
         "chunk": model.chunk_size, "time_scale": args.time_scale, "max_input_tokens": args.max_input_tokens,
         "max_output_tokens": args.max_output_tokens, "write_policy": args.write_policy,
-        "window_policy": args.policy.name, "admission": args.admission, "fuse_after": caches[CacheKind.HICACHE].config.transfer.fuse_after,
+        "window_policy": args.policy.name, "admission": args.admission, "fuse_after": transfer.fuse_after,
+        "kernels": kernels,
         "platform": jax.devices()[0].platform, "jax": jax.__version__,
         "runs": summaries,
     }

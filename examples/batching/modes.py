@@ -32,14 +32,13 @@ class CacheKind(enum.Enum):
 
 
 def make_cache(kind: CacheKind, layout, device_pages: int, host_pages: int,
-               write_policy: str = "write_through", fuse_after: int | None = None) -> hc.HiCache:
-    """The cache a run of `kind` uses (module docstring); `fuse_after`: the HiCache run's
-    `TransferConfig.fuse_after` (None: its default)."""
+               write_policy: str = "write_through", transfer: hc.TransferConfig | None = None) -> hc.HiCache:
+    """The cache a run of `kind` uses (module docstring); `transfer`: the HiCache run's
+    `TransferConfig` (None: the default one)."""
     match kind:
         case CacheKind.HICACHE:
-            transfer = hc.TransferConfig() if fuse_after is None else hc.TransferConfig(fuse_after=fuse_after)
             config = hc.HiCacheConfig(device_pages=device_pages, host_pages=host_pages, write_policy=write_policy,
-                                      transfer=transfer)
+                                      transfer=transfer or hc.TransferConfig())
         case CacheKind.DEVICE_ONLY | CacheKind.NO_CACHE:
             config = hc.HiCacheConfig(device_pages=device_pages, host_pages=0)
     return hc.HiCache(layout, config)

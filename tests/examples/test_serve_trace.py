@@ -109,10 +109,12 @@ def test_a_trace_it_has_not_seen_and_more_requests_compile_nothing(capsys, tmp_p
     trace = conversation_trace(tmp_path / "conversations.jsonl")
     common = ["--trace", str(trace), "--config", str(CONFIGS / "tiny_v4.json"), "--max-input-tokens", "2048",
               "--max-output-tokens", "4", "--max-batch", "4", "--device-pages", "20"]
-    # six requests, no fused load program, and admission that reserves a request's pages: none preempted
-    code, few = run(capsys, *common, "--limit", "6", "--fuse-after", "0", "--admission", "reserve")
+    # six requests, the jnp kernels named, and admission that reserves a request's pages: none
+    # preempted; by default no load compiles a fused program (nothing compiles in the background)
+    code, few = run(capsys, *common, "--limit", "6", "--kernels", "reference", "--admission", "reserve")
     assert code == 0 and few["identical"] and few["compiles_while_serving"] == 0
     assert few["admission"] == "reserve" and all(r["preemptions"] == 0 for r in few["runs"].values())
+    assert few["kernels"] == "reference"
     assert few["fuse_after"] == 0 and few["runs"]["hicache"]["background_compiles"] == 0
     assert few["runs"]["hicache"]["fused_loads"] == 0 and few["runs"]["hicache"]["program_calls"]
     png = tmp_path / "conversations.png"
@@ -156,6 +158,7 @@ def bad_trace(tmp_path) -> str:
     (["--limit", "-3"], "--limit must be >= 1, got -3"),
     (["--check", "-1"], "--check must be >= 0, got -1"),
     (["--fuse-after", "-1"], "--fuse-after must be >= 0, got -1"),
+    (["--kernels", "fastest"], "argument --kernels: invalid choice: 'fastest'"),
     (["--max-output-tokens", "0"], "--max-output-tokens must be >= 1, got 0"),
     (["--time-scale", "0"], "--time-scale must be a number > 0, got 0.0"),
     (["--time-scale", "nan"], "--time-scale must be a number > 0, got nan"),
