@@ -39,7 +39,7 @@ import hicache_jax as hc  # noqa: E402
 from pallas_kernels import IMPLS, resolve  # noqa: E402
 from examples import gc_pauses  # noqa: E402
 from examples.batching.check import check, sample_indices  # noqa: E402
-from examples.batching.loop import PHASES, serve, warm_up  # noqa: E402
+from examples.batching.loop import StepRecord, serve, warm_up  # noqa: E402
 from examples.batching.modes import CacheCalls, CacheKind, make_cache  # noqa: E402
 from examples.batching.scheduler import ADMISSIONS  # noqa: E402
 from examples.batching.report import ratios, summarize, table  # noqa: E402
@@ -87,9 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="eager: admit a request when its first chunk fits (the newest are preempted as the "
                          "device fills); reserve: when the device can hold all of its pages beside what the "
                          "running ones will still take (fewer at once, no preemption)" + d)
-    ap.add_argument("--fuse-after", type=int, default=None, metavar="N",
+    ap.add_argument("--fuse-after", type=int, default=hc.TransferConfig().fuse_after, metavar="N",
                     help="HiCache run: compile a load shape's one program at its N-th sighting, 0: never "
-                         "(TransferConfig.fuse_after; default: its default)")
+                         "(TransferConfig.fuse_after)" + d)
     ap.add_argument("--kernels", default="auto", choices=IMPLS,
                     help="HiCache run: the pack / unpack kernels (TransferConfig.kernels)" + d)
     ap.add_argument("--seed", type=int, default=0, help="seed of random weights and of token ids" + d)
@@ -183,8 +183,7 @@ def main(argv=None) -> int:
     model = build_model(args)
     sample = sample_indices(jobs, args.check)
     rows = min(len(sample), B)
-    transfer = hc.TransferConfig(kernels=args.kernels, **({} if args.fuse_after is None else
-                                                          {"fuse_after": args.fuse_after}))
+    transfer = hc.TransferConfig(kernels=args.kernels, fuse_after=args.fuse_after)
     caches = {kind: make_cache(kind, layout, args.device_pages, args.host_pages, args.write_policy, transfer)
               for kind in CacheKind}
     say(args, "compiling the transfer programs and the batched step (a one-off) ...")
@@ -215,10 +214,8 @@ def main(argv=None) -> int:
         plot(runs, args.plot, f"{layout.model.name}: {len(jobs)} requests of {pathlib.Path(args.trace).name}, "
                               f"{B} slots, time scale {args.time_scale}")
     if args.steps_out:
-        fields = ["clock_s", "wall_s", "batch", "tokens", *(f"{p}_s" for p in PHASES), "fetch_s", "programs", "dispatch_s", "wait_s"]
-        rows = {name: [[r.clock_s, r.wall_s, r.batch, r.tokens, *r.phase_s, r.fetch_s, r.programs, r.dispatch_s, r.wait_s]
-                       for r in run.steps] for name, run in runs.items()}
-        pathlib.Path(args.steps_out).write_text(json.dumps({"fields": fields, "runs": rows}))
+        rows = {name: [r.row() for r in run.steps] for name, run in runs.items()}
+        pathlib.Path(args.steps_out).write_text(json.dumps({"fields": StepRecord.columns(), "runs": rows}))
     hi = summaries["hicache"]
     backend, interpreted = resolve(args.kernels)
     kernels = backend + (" (interpreted)" if interpreted else "")      # what the HiCache run's programs used

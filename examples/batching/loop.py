@@ -54,6 +54,17 @@ class StepRecord:
     dispatch_s: float    # of which in the engine's `start` (transfers dispatched) ...
     wait_s: float        # ... and in waits for transfers in flight (`HiCache.time_phases`)
 
+    @staticmethod
+    def columns() -> list[str]:
+        """The names of `row()`'s values: the fields, `phase_s` spread as "<part>_s"."""
+        return [n for f in dataclasses.fields(StepRecord)
+                for n in ([f"{p}_s" for p in PHASES] if f.name == "phase_s" else [f.name])]
+
+    def row(self) -> list[float]:
+        """The record as one flat row (`columns()`)."""
+        return [v for f in dataclasses.fields(self)
+                for v in (getattr(self, f.name) if f.name == "phase_s" else [getattr(self, f.name)])]
+
 
 @dataclasses.dataclass
 class Run:
