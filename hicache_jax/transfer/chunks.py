@@ -61,19 +61,14 @@ class Chunk:
             return int(self.groups[0].host_rows[0])
         return None
 
-    @property
-    def one_run_host_start(self) -> int | None:
-        """First host page if the chunk's pages are one host run from staging row 0, cut
-        largest piece first (the pieces a backup's `split` program cuts in one call), else None."""
-        n, groups = self.num_pages, self.groups
-        if len(groups) != n.bit_count() or any(g.num_real != 1 for g in groups):
-            return None
-        first = int(groups[0].host_rows[0]) - int(groups[0].staging_rows[0])
-        for g in groups:
-            row = split_start(n, g.log2_rows)
-            if not n >> g.log2_rows & 1 or int(g.staging_rows[0]) != row or int(g.host_rows[0]) != first + row:
-                return None
-        return first
+    def cut_index(self) -> np.ndarray:
+        """`pack_cut`'s index: the device pages, then for each piece size 2**k below S the
+        staging row of the chunk's first piece of that size (0 where it has none). The
+        other pieces of a size, if any, are sliced from the packed rows one by one."""
+        starts = np.zeros(self.padded_pages.bit_length() - 1, np.int32)
+        for g in self.groups:
+            starts[g.log2_rows] = g.staging_rows[0]
+        return np.concatenate([self.device_pages, starts])
 
     def host_runs(self) -> list[tuple[int, int, int]]:
         """`(staging row, host page, length)` of the chunk's host runs, in staging order:
@@ -87,12 +82,6 @@ class Chunk:
             else:
                 runs.append((row, host, n))
         return runs
-
-
-def split_start(n, k: int):
-    """First row of the `2**k`-row piece of a run of `n` rows cut largest piece first (its
-    binary digits): the digits of `n` above `k`. Works on ints and traced i32 alike."""
-    return (n >> (k + 1)) << (k + 1)
 
 
 def next_pow2(n: int) -> int:

@@ -11,22 +11,21 @@ import jax
 import jax.numpy as jnp
 
 from hicache_jax.pools import Devices, HostTier, shard_on
-from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer import chunks as chunking
-from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock
+from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock, staging_calls
 from hicache_jax.transfer.plan_programs import PlanPrograms, fused_sources, plan_index
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
 
 def backup_keys(part: chunking.Chunk) -> list[tuple]:
-    """Program keys a backup chunk needs: its pack, and what cuts its host pieces (`_pieces`)."""
+    """Program keys a backup chunk needs (`ChunkDispatch._packed`): a pack for a chunk that is
+    one whole host run, else a pack that cuts its pieces, and a slice for each size it has
+    more than one piece of."""
     pages = part.padded_pages
     if part.whole_run_host_start is not None:
         return [(Program.PACK, pages)]
-    if part.one_run_host_start is not None:
-        return [(Program.PACK, pages), (Program.SPLIT, pages)]
-    return [(Program.PACK, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups)]
+    return [(Program.PACK_CUT, pages), *((Program.SLICE, pages, g.log2_rows) for g in part.groups if g.num_real > 1)]
 
 
 class ChunkDispatch:
@@ -57,44 +56,41 @@ class ChunkDispatch:
         return [token]
 
     def backup_plan(self, key, work, pools) -> list[jax.Array]:
-        """Dispatch a whole backup as one program (`WholePlans.backup_key`)."""
+        """Dispatch a whole backup as one program (`WholePlans.backup_key`: each allocator's
+        chunk is one whole host run, so its packed rows are its one block)."""
         arrays = tuple(tuple(pools[s.name] for s in progs.fmt.pools) for progs, _ in work)
         rows = self._plan_programs.compiled(True, key)(arrays, plan_index([parts[0].device_pages for _, parts in work],
                                                                           self._ints.index))
-        return self._store([(progs, parts[0], r) for (progs, parts), r in zip(work, rows)])
+        return self._store([(progs, parts[0].whole_run_host_start, r) for (progs, parts), r in zip(work, rows)])
 
     def backup(self, progs: AllocatorPrograms, parts, pools) -> list[jax.Array]:
         args = [pools[s.name] for s in progs.fmt.pools]
         if progs.on_mesh and not progs.sharded:  # the first device's shard is the whole pool
             args = [shard_on(x, self.devices.device) for x in args]
         args = tuple(args)
-        return self._store([(progs, part, progs.compiled(Program.PACK, part.padded_pages)(
-            args, self._ints.index(part.device_pages))) for part in parts])
+        return self._store([piece for part in parts for piece in self._packed(progs, part, args)])
 
-    def _store(self, packed: list[tuple[AllocatorPrograms, chunking.Chunk, tuple]]) -> list[jax.Array]:
-        """Hand a backup's packed chunks (programs, chunk, rows) to the host: one block per
-        host piece, all of them by one `jax.device_put` (one call, whatever the pieces)."""
-        pieces = [(progs, start, rows) for progs, part, packed_rows in packed
-                  for start, rows in self._pieces(progs, part, packed_rows)]
+    def _store(self, pieces: list[tuple[AllocatorPrograms, int, tuple]]) -> list[jax.Array]:
+        """Hand a backup's host pieces (programs, first host page, rows on the device) to the
+        host: one block per piece, all of them by one `jax.device_put` (one call, whatever the pieces)."""
         blocks = jax.device_put([rows for _, _, rows in pieces], [progs.host_sharding for progs, _, _ in pieces])
         for (progs, start, _), block in zip(pieces, blocks):   # `start` released these pages
             self.host.tables[progs.fmt.allocator].add(start, block)
         return jax.tree.leaves(blocks)
 
-    def _pieces(self, progs: AllocatorPrograms, part: chunking.Chunk, rows: tuple) -> list[tuple[int, tuple]]:
-        """(first host page, rows on the device) of each host piece of a packed backup chunk:
-        the rows themselves for a chunk that is one whole run; for one run of n pages (the
-        usual backup: a node's host pages are handed out as a run), the pieces of n's binary
-        digits, all from one `split` call (it also cuts the sizes n lacks, unused); else one
-        `slice` call per piece."""
+    def _packed(self, progs: AllocatorPrograms, part: chunking.Chunk, args: tuple) -> list[tuple]:
+        """(programs, first host page, rows on the device) of each host piece of a backup
+        chunk. A chunk that is one whole host run is one `pack`, its rows one block; any other
+        chunk is one `pack_cut`, which packs the rows and cuts the first piece of each size
+        in the same program (a run of n pages: the pieces of n's binary digits, all of them),
+        and a `slice` call for each further piece of a size already cut."""
         S = part.padded_pages
         if (start := part.whole_run_host_start) is not None:
-            return [(start, rows)]
-        if part.one_run_host_start is not None:
-            cut = progs.compiled(Program.SPLIT, S)(rows, self._ints.one(part.num_pages))
-            return [(int(g.host_rows[0]), cut[g.log2_rows]) for g in part.groups]
-        return [(int(g.host_rows[i]), progs.compiled(Program.SLICE, S, g.log2_rows)(
-            rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(g.num_real)]
+            return [(progs, start, progs.compiled(Program.PACK, S)(args, self._ints.index(part.device_pages)))]
+        rows, cut = progs.compiled(Program.PACK_CUT, S)(args, part.cut_index())
+        pieces = [(progs, int(g.host_rows[0]), cut[g.log2_rows]) for g in part.groups]
+        return pieces + [(progs, int(g.host_rows[i]), progs.compiled(Program.SLICE, S, g.log2_rows)(
+            rows, self._ints.one(g.staging_rows[i]))) for g in part.groups for i in range(1, g.num_real)]
 
     def load(self, progs: AllocatorPrograms, parts, chunk_moves, out: dict[str, jax.Array]) -> list[jax.Array]:
         names = [s.name for s in progs.fmt.pools]
@@ -107,10 +103,15 @@ class ChunkDispatch:
                     new, token = load(pools, block, self._ints.index(part.device_pages))
                 case Pieces(pieces):
                     a = progs.fmt.allocator
-                    for p in pieces:
-                        h2d = progs.compiled(Program.H2D, block_rows(p.block), p.log2_rows)
-                        staging = self.staging_buffer(progs)
-                        self._staging[a] = h2d(staging, p.block, self._ints.one(p.row), self._ints.one(p.staging_row))
+                    for key, group in staging_calls(pieces):
+                        staging, copy = self.staging_buffer(progs), progs.compiled(*key)
+                        if key[0] is Program.H2D_MANY:
+                            self._staging[a] = copy(staging, tuple(p.block for p in group),
+                                                    tuple(self._ints.one(p.staging_row) for p in group))
+                        else:
+                            p = group[0]
+                            self._staging[a] = copy(staging, p.block, self._ints.one(p.row),
+                                                    self._ints.one(p.staging_row))
                     rows = self._staging[a]
                     if progs.broadcast_load:  # every rank unpacks its own copy of this chunk's rows
                         rows = jax.device_put(progs.compiled(Program.TAKE, part.padded_pages)(rows),

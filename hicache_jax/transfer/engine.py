@@ -2,7 +2,7 @@
 
     backup (device -> host):  a Pallas gather packs the chunk's pages of every pool and
                               layer into contiguous rows on the device; each power-of-two
-                              piece of a host run (one `split` call cuts them all) becomes
+                              piece of a host run (the same program cuts them) becomes
                               a pinned block, every piece of the backup by one `device_put`
                               outside any jit (a copy engine, beside the model's steps).
     load   (host -> device):  a chunk that is exactly one block moves as one DMA inside
@@ -45,7 +45,8 @@ from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
 from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.plan_programs import PlanPrograms, fused_entries
-from hicache_jax.transfer.programs import AllocatorPrograms, resolve_kernels
+from hicache_jax.transfer.kernel_choice import resolve_kernels
+from hicache_jax.transfer.programs import AllocatorPrograms
 from hicache_jax.transfer.resident import ResidentIndices
 from hicache_jax.transfer.warm import MAX_CHUNK_PAGES
 from hicache_jax.transfer.warm_runs import EngineWarmup

@@ -5,7 +5,9 @@
     EarlyCopy       the same, from the device copy an early copy program made of that block
     Pieces          anything else: each piece (rows of one block, or their device copy made
                     ahead) is copied into the staging buffer, then the staging rows are
-                    unpacked; or, once its program is compiled, all of them in one program
+                    unpacked; or, once its program is compiled, all of them in one program.
+                    Pieces that are whole blocks of one size go up to `H2D_GROUP` per
+                    program (`staging_calls`)
 
 Host blocks are tuples of one pinned array per stored part of the row (`RowFormat.parts`).
 """
@@ -14,6 +16,11 @@ from __future__ import annotations
 import dataclasses
 
 import jax
+
+from hicache_jax.pools.host_tier import block_rows
+from hicache_jax.transfer.programs import Program
+
+H2D_GROUP = 4     # whole-block pieces of one size copied into staging by one `h2d_many` call
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,3 +55,22 @@ class Pieces:
 
 
 Move = WholeBlock | EarlyCopy | Pieces
+
+
+def staging_calls(pieces) -> list[tuple[tuple, list[Piece]]]:
+    """The calls that copy a chunk's host pieces into staging: `(program key, pieces)` with key
+    `(h2d_many, log2 rows, count)` for 2 to `H2D_GROUP` pieces that are whole host blocks of
+    one size, else `(h2d, block rows, log2 rows)` for one piece. Their staging rows never
+    overlap, so the order of the calls does not matter."""
+    calls, whole = [], {}
+    for p in pieces:
+        if not p.copied and block_rows(p.block) == p.rows:
+            whole.setdefault(p.log2_rows, []).append(p)
+        else:
+            calls.append(((Program.H2D, block_rows(p.block), p.log2_rows), [p]))
+    for k, group in whole.items():
+        for lo in range(0, len(group), H2D_GROUP):
+            some = group[lo:lo + H2D_GROUP]
+            key = (Program.H2D_MANY, k, len(some)) if len(some) > 1 else (Program.H2D, 1 << k, k)
+            calls.append((key, some))
+    return calls

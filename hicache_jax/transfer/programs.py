@@ -8,11 +8,13 @@ so the copy runs beside the model's next step instead of in its stream):
 Rows, blocks and the staging buffer are tuples of the row's stored parts (`RowFormat.parts`):
 
     backup:  pack(S)            pools (read), idx i32[S] -> rows [S, part_elems] per part (device)
-             split(S)           rows, n i32[1] -> a piece of each size 2**k < S (a run of n rows' pieces)
+             pack_cut(S)        pools (read), idx i32[S + log2 S] -> the rows, and a piece of each size
+                                2**k < S starting at the row idx[S + k] names
              slice(S, k)        rows, start i32[1] -> rows[start : start + 2**k]
     load:    load_block(S, 0)   pools (donated), block [S, part_elems] per part, idx i32[S] -> pools, token
              load_block(S, 1)   the same from the block's device copy (an early `copy`)
              h2d(R, k)          staging (donated), block [R, ...], src i32[1], dst i32[1] -> staging
+             h2d_many(k, m)     staging (donated), m whole blocks [2**k, ...], m dst i32[1] -> staging
              unpack(S)          pools (donated), staging, idx i32[S] -> pools, token
              take(S)            staging -> its first S rows (to broadcast them)
              load_pieces(S, P)  pools (donated), one block (or early device copy) per piece, starts i32[k],
@@ -24,7 +26,8 @@ Rows, blocks and the staging buffer are tuples of the row's stored parts (`RowFo
 `load_block` moves a chunk that is exactly one block (a prefix backed up as one run and
 loaded back whole); a large block's copy (`copy`, early.py) may start before the plan is
 checked, and the program unpacks the copy; any other chunk gathers its rows block by block
-into the staging buffer (`h2d`, a DMA when the piece is its whole block) and unpacks them.
+into the staging buffer (`h2d`, a DMA when the piece is its whole block; several whole
+blocks of one size by one `h2d_many`) and unpacks them.
 A plan whose every allocator moves as one chunk runs as ONE program on a single device
 (`PlanPrograms`): one dispatch per load-back or backup.
 
@@ -39,7 +42,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import logging
 from collections.abc import Callable
 
 import jax
@@ -48,21 +50,20 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, RowFormat
-from hicache_jax.transfer.chunks import split_start
 from hicache_jax.transfer.compile_cache import shared_program
 
 _DEVICE = jax.memory.Space.Device
-log = logging.getLogger("hicache_jax.transfer")
 
 
 class Program(enum.StrEnum):
     """The transfer programs of one allocator; each is compiled once per static shape key."""
 
     PACK = "pack"               # (pages,): pools -> packed rows on the device
-    SPLIT = "split"             # (pages,): the power-of-two pieces of a run of packed rows from row 0
+    PACK_CUT = "pack_cut"       # (pages,): pack, and cut a piece of each power-of-two size below pages
     SLICE = "slice"             # (pages, log2 rows): a piece of packed rows
     LOAD_BLOCK = "load_block"   # (pages, on device): one whole block (or its device copy) -> pools
     H2D = "h2d"                 # (block rows, log2 rows): rows of one block -> staging
+    H2D_MANY = "h2d_many"       # (log2 rows, count): that many whole blocks of one size -> staging
     UNPACK = "unpack"           # (pages,): scatter the staging rows into the pools
     TAKE = "take"               # (pages,): the first staging rows, to broadcast them
     READ = "read"               # (block rows, log2 rows): rows of one block to the device (L3, tests)
@@ -193,13 +194,15 @@ class AllocatorPrograms:
             return tuple(jax.lax.dynamic_slice_in_dim(r, start[0], 1 << log2_rows, 0) for r in rows)
         return piece, (self._staging_spec(pages), self._index(1)), (), self._staged()
 
-    def _split(self, pages: int):
+    def _pack_cut(self, pages: int):
         count = pages.bit_length() - 1          # pieces of 1, 2, 4, ... pages / 2 rows
 
-        def split(rows, n):
-            return tuple(tuple(jax.lax.dynamic_slice_in_dim(r, split_start(n[0], k), 1 << k, 0) for r in rows)
-                         for k in range(count))
-        return split, (self._staging_spec(pages), self._index(1)), (), (self._staged(),) * count
+        def pack_cut(pools, idx):
+            rows = self._gather_rows(pools, idx[:pages])
+            return rows, tuple(tuple(jax.lax.dynamic_slice_in_dim(r, idx[pages + k], 1 << k, 0) for r in rows)
+                               for k in range(count))
+        outs = (self._staged(), (self._staged(),) * count)
+        return pack_cut, (self._pools(self.read_shardings), self._index(pages + count)), (), outs
 
     def _load_block(self, pages: int, on_device: int):
         if self.broadcast_load:
@@ -259,6 +262,19 @@ class AllocatorPrograms:
         args = (self._staging_spec(), self._host_example(block_rows), self._index(1), self._index(1))
         return h2d, args, (0,), self._staged()
 
+    def _h2d_many(self, log2_rows: int, count: int):
+        size = 1 << log2_rows
+
+        def h2d_many(staging, blocks, dsts):
+            for block, dst in zip(blocks, dsts):
+                staging = tuple(jax.lax.dynamic_update_slice_in_dim(s, jax.device_put(b, _DEVICE), dst[0], 0)
+                                for s, b in zip(staging, block))
+            return staging
+
+        args = (self._staging_spec(), tuple(self._host_example(size) for _ in range(count)),
+                tuple(self._index(1) for _ in range(count)))
+        return h2d_many, args, (0,), self._staged()
+
     def _read(self, block_rows: int, log2_rows: int):
         size = 1 << log2_rows
 
@@ -270,23 +286,6 @@ class AllocatorPrograms:
         def copy(block):
             return tuple(jax.device_put(b, _DEVICE) for b in block)
         return copy, (self._host_example(block_rows),), (), self._staged()
-
-
-def resolve_kernels(kernels: str, device: jax.Device, layout) -> str:
-    """The implementation name the programs of `layout` use on `device` (never "auto");
-    ValueError when the chosen kernels cannot move its pages (under "auto": the reference)."""
-    if kernels not in pk.IMPLS:
-        raise ValueError(f"kernels must be one of {', '.join(pk.IMPLS)}; got {kernels!r}")
-    backend, _ = pk.resolve(kernels, device)
-    chosen = backend if kernels == "auto" else kernels
-    granule = pk.GRANULE_BYTES.get(backend)
-    odd = sorted(p.name for p in layout.pools if granule and p.page_bytes % granule)
-    if odd and kernels == "auto":
-        log.info("page kernels: reference (pools %s have pages that are not multiples of %d B)", odd, granule)
-        return "reference"
-    if odd:
-        raise ValueError(f"kernels={kernels!r} move multiples of {granule} B; pools {odd} have other page sizes")
-    return chosen
 
 
 def _block_rows(block, start, size: int):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+from hicache_jax.transfer.moves import H2D_GROUP
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
 MAX_CHUNK_PAGES = 1 << 15  # one kernel call handles at most 65535 pages
@@ -17,15 +18,17 @@ def pow2_upto(n: int) -> list[int]:
 
 def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool]) -> list[tuple]:
     """Program keys of chunks of up to `limit` pages: pack and unpack of each padded size,
-    the pieces a backup cuts (`split` from 4 pages: a run of 3 is the shortest it cuts), a
+    the pieces a backup cuts (`pack_cut` from 2 pages, and the `slice` of each smaller size), a
     whole-block load of each size (when `early(pages)`, also its early copy and the load
-    from it), and the copies of any piece of any block up to that size (L3 reads too)."""
+    from it), the copies of any piece of any block up to that size (L3 reads too), and of
+    2 to `H2D_GROUP` whole blocks of one size at once."""
     keys = []
     for pages in pow2_upto(limit):
         k = pages.bit_length() - 1
-        keys += [(Program.PACK, pages), (Program.UNPACK, pages), *([(Program.SPLIT, pages)] if k >= 2 else []),
+        keys += [(Program.PACK, pages), (Program.UNPACK, pages), *([(Program.PACK_CUT, pages)] if k >= 1 else []),
                  *((Program.SLICE, pages, j) for j in range(k)),
-                 *((Program.H2D, pages, j) for j in range(k + 1)), *((Program.READ, pages, j) for j in range(k + 1))]
+                 *((Program.H2D, pages, j) for j in range(k + 1)), *((Program.READ, pages, j) for j in range(k + 1)),
+                 *((Program.H2D_MANY, k, m) for m in range(2, H2D_GROUP + 1) if m * pages <= limit)]
         if progs.broadcast_load:
             keys.append((Program.TAKE, pages))
         else:

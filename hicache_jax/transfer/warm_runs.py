@@ -30,7 +30,7 @@ class WarmRuns:
     def __init__(self, dispatch: ChunkDispatch, plan_programs: PlanPrograms, pools: dict[str, jax.Array]):
         self._dispatch, self._plan_programs, self.pools = dispatch, plan_programs, pools
         self._blocks: dict[tuple[str, int], tuple] = {}
-        self._rows: dict[tuple[str, int], tuple] = {}          # PACK's output, for SLICE and SPLIT
+        self._rows: dict[tuple[str, int], tuple] = {}          # PACK's output, for SLICE
         self.outputs: list = []                                 # results no later run donates
         self._staged: dict[str, AllocatorPrograms] = {}         # allocators whose staging buffer was written
 
@@ -43,12 +43,20 @@ class WarmRuns:
         match name:
             case Program.PACK:
                 out = self._rows[(a, pages)] = run(pools, _pad(pages, ints.index))
-            case Program.SLICE | Program.SPLIT:
+            case Program.PACK_CUT:     # PAD starts clamp to row 0
+                out = run(pools, _pad(pages + pages.bit_length() - 1, ints.index))
+            case Program.SLICE:
                 out = run(self._rows[(a, pages)], ints.one(0))
             case Program.H2D:      # over the staging buffer (donated): waited for as the buffer, at the end
                 self._staged[a] = progs
                 self._dispatch.set_staging(progs, run(self._dispatch.staging_buffer(progs), self._block(a, pages),
                                                       ints.one(0), ints.one(0)))
+                return
+            case Program.H2D_MANY:     # key (log2 rows, count): that many zero blocks, all to row 0
+                self._staged[a] = progs
+                blocks = tuple(self._block(a, 1 << pages) for _ in range(rest[0]))
+                self._dispatch.set_staging(progs, run(self._dispatch.staging_buffer(progs), blocks,
+                                                      tuple(ints.one(0) for _ in blocks)))
                 return
             case Program.READ:
                 out = run(self._block(a, pages), ints.one(0))

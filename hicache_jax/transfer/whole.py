@@ -2,8 +2,9 @@
 allocator at once, on one device.
 
 A plan qualifies when every allocator with bytes has exactly one chunk in it, in a shape
-`warmup` compiles: any anchor chunk, the other allocators up to the trailing window. A load
-also needs each chunk to be one whole host block (a power-of-two run of pages written
+`warmup` compiles: any anchor chunk, the other allocators up to the trailing window. A backup
+also needs each chunk to be one whole host run (a chunk cut into pieces has its own
+`pack_cut`), and a load each chunk to be one whole host block (a power-of-two run of pages written
 together), and it is read straight off the plan: that is a one-page hit's path, so it skips
 the chunking the general path does.
 """
@@ -29,9 +30,10 @@ class WholePlans:
                 and all(n <= self.window for a, n in zip(allocators, pages) if a != self._anchor))
 
     def backup_key(self, work) -> tuple[tuple[str, int], ...] | None:
-        """The program key `((allocator, pages), ...)` of a backup's chunks (`work`: the
-        engine's `(programs, chunks)` per allocator), else None."""
-        if any(len(parts) != 1 for _, parts in work):
+        """The program key `((allocator, pages), ...)` of a backup whose every allocator packs
+        one chunk that is one whole host run (`work`: the engine's `(programs, chunks)` per
+        allocator), else None: a chunk cut into pieces packs and cuts in its own program."""
+        if any(len(parts) != 1 or parts[0].whole_run_host_start is None for _, parts in work):
             return None
         key = tuple((progs.fmt.allocator, parts[0].padded_pages) for progs, parts in work)
         return key if self.fits([a for a, _ in key], [n for _, n in key]) else None

@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 from hicache_jax.plan import coalesce
-from hicache_jax.transfer.chunks import next_pow2, split, split_start
+from hicache_jax.transfer.chunks import next_pow2, split
 from pallas_kernels import PAD
 
 
@@ -59,22 +59,51 @@ def test_a_whole_power_of_two_run_is_one_piece():
 
 
 @pytest.mark.parametrize("seed", range(20))
-def test_one_run_chunks_are_cut_where_split_cuts_them(seed):
-    """`one_run_host_start` names exactly the chunks that are one host run from staging row
-    0, and their pieces start where `split_start` says (the binary digits of their length
-    above each piece's size)."""
+def test_cut_index_names_the_first_piece_of_each_size(seed):
+    """`cut_index` (what `pack_cut` reads): the chunk's device pages, then for each piece
+    size 2**k below S the staging row of its first piece of that size. A chunk that is not one
+    whole run has no piece of S rows; a chunk of one run from row 0 is cut at the binary
+    digits of its length, largest piece first."""
     rng = np.random.default_rng(seed)
     chunk_pages = 16
     n = int(rng.integers(1, 40))
     gaps = rng.integers(0, 2, n) * (rng.random() < 0.5)         # half the batches: one run
     host = 5 + np.arange(n) + np.cumsum(gaps)
     for c, chunk in enumerate(split(np.arange(n, dtype=np.int32), runs_of(host), chunk_pages)):
-        mine = host[c * chunk_pages:c * chunk_pages + chunk.num_pages]
-        one_run = bool((np.diff(mine) == 1).all())
-        start = chunk.one_run_host_start
-        assert (start is not None) == one_run, (mine, start)
-        if one_run:
-            assert start == mine[0]
-            for g in chunk.groups:
-                assert int(g.staging_rows[0]) == split_start(chunk.num_pages, g.log2_rows)
-                assert int(g.host_rows[0]) == start + split_start(chunk.num_pages, g.log2_rows)
+        S, m = chunk.padded_pages, chunk.num_pages
+        if chunk.whole_run_host_start is not None:
+            continue
+        index = chunk.cut_index()
+        assert index.dtype == np.int32 and index.shape == (S + S.bit_length() - 1,)
+        assert np.array_equal(index[:S], chunk.device_pages)
+        for g in chunk.groups:
+            assert g.log2_rows < S.bit_length() - 1
+            assert index[S + g.log2_rows] == g.staging_rows[0] == min(g.staging_rows[: g.num_real])
+        if (np.diff(host[c * chunk_pages:c * chunk_pages + m]) == 1).all():   # one run
+            assert [(g.log2_rows, int(g.staging_rows[0]), g.num_real) for g in chunk.groups] == \
+                [(k, (m >> (k + 1)) << (k + 1), 1) for k in range(S.bit_length() - 1, -1, -1) if m >> k & 1]
+
+
+
+def test_whole_blocks_of_one_size_reach_staging_in_groups():
+    """`staging_calls`: whole-block pieces of one size go up to H2D_GROUP per `h2d_many`
+    call, a lone one by `h2d`; a piece that is part of its block, or an early device copy,
+    has a call of its own. Every piece is in exactly one call."""
+    from hicache_jax.transfer.moves import H2D_GROUP, Piece, staging_calls
+    from hicache_jax.transfer.programs import Program
+
+    block = lambda rows: (np.zeros((rows, 4), np.uint8),)
+    whole1 = [Piece(block(1), 0, 0, 10 + i) for i in range(H2D_GROUP + 1)]
+    whole4 = [Piece(block(4), 0, 2, 20), Piece(block(4), 0, 2, 24)]
+    part = [Piece(block(8), 4, 2, 30), Piece(block(2), 0, 0, 34)]       # 4 rows of 8, 1 row of 2
+    copied = [Piece(block(1), 0, 0, 40, copied=True)]
+    pieces = whole1[:2] + part + whole4 + copied + whole1[2:]
+    calls = staging_calls(pieces)
+    assert sorted(id(p) for _, group in calls for p in group) == sorted(map(id, pieces))
+    keys = sorted((tuple(key), len(group)) for key, group in calls)
+    assert keys == sorted([((Program.H2D_MANY, 0, H2D_GROUP), H2D_GROUP), ((Program.H2D, 1, 0), 1),
+                           ((Program.H2D_MANY, 2, 2), 2), ((Program.H2D, 8, 2), 1), ((Program.H2D, 2, 0), 1),
+                           ((Program.H2D, 1, 0), 1)])
+    for key, group in calls:
+        if key[0] is Program.H2D_MANY:
+            assert all(p.rows == 1 << key[1] == p.block[0].shape[0] and not p.copied for p in group)

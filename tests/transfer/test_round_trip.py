@@ -132,11 +132,13 @@ def test_one_page_of_every_pool_and_long_single_runs():
 
 
 @pytest.mark.parametrize("name, tp", [("tiny_v4", None), ("tiny_v4", 4)])
-def test_a_backup_of_one_run_is_cut_by_one_split_and_put_by_one_call(name, tp, monkeypatch):
-    """A backup chunk of one host run of n pages (n not a power of two) is cut into its
-    binary pieces by one `split` call, and every piece of the backup goes to the host in one
-    `jax.device_put`; a chunk of two runs falls back to a `slice` per piece. Each piece is its
-    own host block, and every byte is where it belongs."""
+def test_a_backup_chunk_is_packed_and_cut_by_one_program_and_put_by_one_call(name, tp, monkeypatch):
+    """A backup chunk of one host run of n pages (n not a power of two) is packed and cut
+    into its binary pieces by one `pack_cut` call, and every piece of the backup goes to the
+    host in one `jax.device_put`; so is a chunk of several runs whose pieces differ in size,
+    and each further piece of a size already cut costs one `slice`. Each piece is its own
+    host block, and every byte is where it belongs. Loaded back together, whole blocks of
+    one size reach the staging rows by one `h2d_many` call."""
     t = Harness(name, tp, "reference")
     assert t.engine.chunk_pages("kv") == 8
     t.engine.warmup(8)                       # every one-element index kept: no put of its own
@@ -160,14 +162,23 @@ def test_a_backup_of_one_run_is_cut_by_one_split_and_put_by_one_call(name, tp, m
     monkeypatch.setattr(t.engine, "start", start)
     t.run("backup", {"kv": ([9, 2, 6, 0, 11, 4, 7], np.arange(20, 27))})       # 7 = 4 + 2 + 1 in a chunk of 8
     parts = len(t.engine.host.formats["kv"].parts)
-    assert labels == ["kv:pack", "kv:split"] and puts == [3 * parts], (labels, puts)
+    assert labels == ["kv:pack_cut"] and puts == [3 * parts], (labels, puts)
     table = t.engine.host.tables["kv"]
     assert [table.segments(20, 7)[i][1:] for i in range(3)] == [(0, 4), (0, 2), (0, 1)]
     labels.clear()
-    t.run("backup", {"kv": ([1, 3, 5, 8, 10], [2, 3, 4, 9, 10])})             # runs of 3 and 2
-    assert labels.count("kv:slice") == 3 and "kv:split" not in labels, labels
+    puts.clear()
+    t.run("backup", {"kv": ([1, 3, 5, 8, 10], [2, 3, 4, 9, 10])})             # runs of 3 (2 + 1) and 2
+    assert labels == ["kv:pack_cut", "kv:slice"] and puts == [3 * parts], (labels, puts)
+    labels.clear()
+    t.run("backup", {"kv": ([0, 8, 11], [12, 14, 16])})                      # three runs of one page
+    assert labels == ["kv:pack_cut", "kv:slice", "kv:slice"], labels
     labels.clear()
     t.run("load", {"kv": (np.arange(7), np.arange(20, 27))})                 # the pieces come back exact
+    labels.clear()
+    # blocks of two rows (2-3, 9-10) and of one (4, 12, 14, 16): one copy call per size
+    # (and on a mesh, where kv is replicated, a `take` of the rows to broadcast)
+    t.run("load", {"kv": ([0, 1, 2, 3, 4, 5, 6, 7], [2, 3, 4, 9, 10, 12, 14, 16])})
+    assert sorted(l for l in labels if l != "kv:take") == ["kv:h2d_many", "kv:h2d_many", "kv:unpack"], labels
     t.check()
 
 
@@ -186,7 +197,7 @@ def test_a_plan_of_whole_runs_moves_as_one_program(name):
     whole_plans = lambda: [k for k in t.engine.compiled_programs() if k.startswith("plan:") and "load_pieces" not in k]
     plans = whole_plans()
     assert sorted(p.split("[")[0] for p in plans) == ["plan:load_block", "plan:pack"]
-    moving = ("pack", "split", "slice", "load_block", "unpack", "h2d")  # the harness reads rows with others
+    moving = ("pack", "pack_cut", "slice", "load_block", "unpack", "h2d")  # the harness reads rows with others
     assert not [k for k in t.engine.compiled_programs() if not k.startswith("plan:") and any(m in k for m in moving)]
     t.run("load", {**whole, "kv": ([0, 2, 5], [1, 7, 30])})       # fragmented kv: per allocator
     wide = {**whole, **{a: ([3 + i, 9 - i], [20 + 2 * i, 21 + 2 * i]) for i, a in enumerate(others)}}
