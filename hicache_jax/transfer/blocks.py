@@ -17,7 +17,7 @@ from pallas_kernels import PAD
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
 from hicache_jax.transfer import chunks as chunking
-from hicache_jax.transfer.moves import EarlyCopy, Move, Piece, Pieces, WholeBlock, staging_calls
+from hicache_jax.transfer.moves import EarlyCopy, Move, Piece, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
@@ -103,9 +103,9 @@ class HostBlocks:
                 return [(Program.LOAD_BLOCK, part.padded_pages, 0)]
             case EarlyCopy():
                 return [(Program.LOAD_BLOCK, part.padded_pages, 1)]
-            case Pieces(pieces):
+            case Pieces():
                 take = [(Program.TAKE, part.padded_pages)] if progs.broadcast_load else []
-                return [*(key for key, _ in staging_calls(pieces)), *take, (Program.UNPACK, part.padded_pages)]
+                return [*(key for key, _ in move.calls), *take, (Program.UNPACK, part.padded_pages)]
 
     # -- rows outside the plans (L3 storage, snapshots, tests) --------------------------------
     def read_rows(self, progs: AllocatorPrograms, pages: np.ndarray) -> np.ndarray:

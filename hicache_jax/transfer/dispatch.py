@@ -12,7 +12,7 @@ import jax.numpy as jnp
 
 from hicache_jax.pools import Devices, HostTier, shard_on
 from hicache_jax.transfer import chunks as chunking
-from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock, staging_calls
+from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock
 from hicache_jax.transfer.plan_programs import PlanPrograms, fused_sources, plan_index
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
@@ -101,9 +101,9 @@ class ChunkDispatch:
                 case WholeBlock(block) | EarlyCopy(block):
                     load = progs.compiled(Program.LOAD_BLOCK, part.padded_pages, int(isinstance(move, EarlyCopy)))
                     new, token = load(pools, block, self._ints.index(part.device_pages))
-                case Pieces(pieces):
+                case Pieces():
                     a = progs.fmt.allocator
-                    for key, group in staging_calls(pieces):
+                    for key, group in move.calls:
                         staging, copy = self.staging_buffer(progs), progs.compiled(*key)
                         if key[0] is Program.H2D_MANY:
                             self._staging[a] = copy(staging, tuple(p.block for p in group),

@@ -59,14 +59,13 @@ class TransferEngine(EngineSeams, EngineWarmup):
     """Device pools <-> pinned host pools for one layout (optionally on a `("tp",)` mesh).
 
     Holds the host tier (its memory pinned here; pages read as zeros until written).
-    Device staging is bounded by
-    `max_staging_bytes` per device and allocator: a persistent buffer of `chunk_pages`
-    rows for loads that gather rows from several blocks, and as much again for the rows a
-    backup packs until they are on the host, twice that while a chunk cut into pieces is
-    packed (`pack_cut` copies out one piece of each smaller size; the first device also
-    holds a broadcast copy while loading replicated pools on a mesh). On a single device, one-page indices (and a
-    piece's rows) are kept on the device once used, or all of them from `warmup`
-    (`resident.py`): at most one small buffer per device page.
+    Device staging is bounded by `max_staging_bytes` per device and allocator: a persistent
+    buffer of `chunk_pages` rows for loads that gather rows from several blocks, and as much
+    again for the rows a backup packs until they are on the host, twice that while a chunk
+    cut into pieces is packed (`pack_cut` copies out one piece of each smaller size; the
+    first device also holds a broadcast copy while loading replicated pools on a mesh). On a
+    single device, one-page indices (and a piece's rows) are kept on the device once used,
+    or all of them from `warmup` (`resident.py`): at most one small buffer per device page.
 
     `config` (`TransferConfig`, defaults written there): `kernels` picks the pack/unpack
     implementation, any name of `pallas_kernels.IMPLS`: "mosaic_gpu", "tpu", "triton",

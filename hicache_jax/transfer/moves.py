@@ -7,13 +7,14 @@
                     ahead) is copied into the staging buffer, then the staging rows are
                     unpacked; or, once its program is compiled, all of them in one program.
                     Pieces that are whole blocks of one size go up to `H2D_GROUP` per
-                    program (`staging_calls`)
+                    program (`Pieces.calls`)
 
 Host blocks are tuples of one pinned array per stored part of the row (`RowFormat.parts`).
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import jax
 
@@ -52,6 +53,12 @@ class Piece:
 @dataclasses.dataclass(frozen=True)
 class Pieces:
     pieces: tuple[Piece, ...]
+
+    @functools.cached_property
+    def calls(self) -> list[tuple[tuple, list[Piece]]]:
+        """`staging_calls(pieces)`, worked out once: the engine compiles their programs
+        before dispatching, then calls them."""
+        return staging_calls(self.pieces)
 
 
 Move = WholeBlock | EarlyCopy | Pieces
