@@ -27,6 +27,7 @@ CASES = [
     ("tiny_v41", 9090, 9, 40, "write_back", 2),
     ("tiny_gqa", 9090, 8, 32, "write_through", None), ("tiny_gqa", 9090, 8, 32, "write_through", 2),
     ("tiny_gqa", 9090, 8, 32, "write_through", 4), ("tiny_gqa", 5150, 8, 32, "write_back", 2),
+    ("tiny_gqa", 5150, 9, 40, "write_through", 2),
 ]
 
 
