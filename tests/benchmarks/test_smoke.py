@@ -348,3 +348,19 @@ def test_cache_calls_smoke(tmp_path):
     many = result["acquire_many"]
     assert many["requests"] == 4 and len(many["rounds"]) == 2
     assert all(r["n_program"] == 1 and r["device_done_ms"] >= r["ms"] for r in many["rounds"])
+
+
+def test_step_dispatch_smoke(tmp_path):
+    result = run("step_dispatch.py", tmp_path)
+    assert (result["batch"], result["count"], result["rounds"]) == (4, 3, 2)
+    ways = result["ways"]
+    assert {"traced", "static_cond"} <= set(ways) and result["identical"] is True
+    for w in ways.values():     # every way ran and gave the traced step's bits
+        assert w["identical"] is True and 0 < w["dispatch_ms"] <= w["done_ms"]
+
+
+@pytest.mark.parametrize("flags", [["--count", "0"], ["--count", "17"], ["--rounds", "0"]])
+def test_step_dispatch_refuses_bad_flags(flags):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step_dispatch.py"), *flags],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and flags[0] in r.stderr.splitlines()[-1]
