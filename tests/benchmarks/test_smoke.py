@@ -354,7 +354,7 @@ def test_step_dispatch_smoke(tmp_path):
     result = run("step_dispatch.py", tmp_path)
     assert (result["batch"], result["count"], result["rounds"]) == (4, 3, 2)
     ways = result["ways"]
-    assert {"traced", "static_cond"} <= set(ways) and result["identical"] is True
+    assert {"traced", "static_cond", "static_all"} <= set(ways) and result["identical"] is True
     for w in ways.values():     # every way ran and gave the traced step's bits
         assert w["identical"] is True and 0 < w["dispatch_ms"] <= w["done_ms"]
 
