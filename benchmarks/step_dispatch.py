@@ -25,6 +25,7 @@ inside its call (no overlap to find): the run checks the bits and the probe's ow
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import pathlib
 import statistics
@@ -68,33 +69,21 @@ def parse_args(argv=None):
     return args
 
 
-def static_cond_step(model):
-    """The traced step's body over all B slots, each behind lax.cond(i < count)."""
+def static_step(model, cond: bool):
+    """The traced step's body over all B slots, a loop of known trip count. `cond`: each
+    slot behind lax.cond(i < count). Else every slot is computed, those past `count` on the
+    trash page their tables point at, their logits zeroed: nothing waits on the device's
+    values, and their compute is the price."""
     def step(params, pools, slots):
-        def body(i, carry):
-            def run(carry):
-                pools, out = carry
-                pools, _, last = model._forward(params, pools, slots.anchor_pages[i], slots.swa_pages[i],
-                                                slots.tokens[i], slots.start[i], slots.valid[i],
-                                                slots.logits[i], None)
-                return pools, jax.lax.dynamic_update_index_in_dim(out, last.astype(jnp.float32), i, 0)
-            return jax.lax.cond(i < slots.count, run, lambda c: c, carry)
-        out = jnp.zeros((slots.tokens.shape[0], model.vocab_size), jnp.float32)
-        return jax.lax.fori_loop(0, slots.tokens.shape[0], body, (pools, out))
-    return step
-
-
-def static_all_step(model):
-    """Every one of the B slots computed, no condition at all (a loop of known trip count):
-    slots past `count` run on the trash page their tables point at, and their logits are
-    zeroed. Nothing in it waits on the device's values; the price is their compute."""
-    def step(params, pools, slots):
-        def body(i, carry):
+        def slot(i, carry):
             pools, out = carry
             pools, _, last = model._forward(params, pools, slots.anchor_pages[i], slots.swa_pages[i],
                                             slots.tokens[i], slots.start[i], slots.valid[i], slots.logits[i], None)
-            last = jnp.where(i < slots.count, last.astype(jnp.float32), 0.0)
+            last = last.astype(jnp.float32) if cond else jnp.where(i < slots.count, last.astype(jnp.float32), 0.0)
             return pools, jax.lax.dynamic_update_index_in_dim(out, last, i, 0)
+
+        def body(i, carry):
+            return jax.lax.cond(i < slots.count, functools.partial(slot, i), lambda c: c, carry) if cond else slot(i, carry)
         out = jnp.zeros((slots.tokens.shape[0], model.vocab_size), jnp.float32)
         return jax.lax.fori_loop(0, slots.tokens.shape[0], body, (pools, out))
     return step
@@ -103,10 +92,11 @@ def static_all_step(model):
 def ways(model):
     base = hc.step_compiler_options()
     cmdbuf = {**base, "xla_gpu_enable_command_buffer": CMDBUF} if jax.default_backend() == "gpu" else None
-    out = {"traced": (model._forward_batch, base), "static_cond": (static_cond_step(model), base),
-           "static_all": (static_all_step(model), base)}
+    out = {"traced": (model._forward_batch, base), "static_cond": (static_step(model, cond=True), base),
+           "static_all": (static_step(model, cond=False), base)}
     if cmdbuf is not None:     # a GPU flag: other backends reject it
-        out |= {"traced_cmdbuf": (model._forward_batch, cmdbuf), "static_cond_cmdbuf": (static_cond_step(model), cmdbuf)}
+        out |= {"traced_cmdbuf": (model._forward_batch, cmdbuf),
+                "static_cond_cmdbuf": (static_step(model, cond=True), cmdbuf)}
     return out
 
 
@@ -164,7 +154,7 @@ def main(argv=None) -> int:
     pool_pages = args.batch * model.max_pages + 1
     pools_np, slots = make_inputs(model, args.batch, args.count, pool_pages)
     rows, reference = {}, None
-    for name, (step, options) in ways(model).items():
+    for name, (step, options) in ways(model).items():     # "traced" first: the reference
         try:
             fn = jax.jit(step, donate_argnums=(1,), compiler_options=options)
             got = measure(fn, model.params, pools_np, slots, args.rounds)
@@ -182,7 +172,8 @@ def main(argv=None) -> int:
               f"identical {got['identical']}", file=sys.stderr)
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": jax.devices()[0].device_kind,
               "config": args.config, "batch": args.batch, "count": args.count, "rounds": args.rounds, "ways": rows,
-              "identical": all(r.get("identical", False) for r in rows.values() if "error" not in r)}
+              "identical": "error" not in rows["traced"]
+                           and all(r["identical"] for r in rows.values() if "error" not in r)}
     out = pathlib.Path(args.out) if args.out else default_out("step_dispatch.json", smoke=args.smoke)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
