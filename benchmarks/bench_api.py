@@ -90,8 +90,8 @@ def link_copy(nbytes: int):
     `device_put` of `nbytes` bytes (seconds)."""
     dev = jax.devices()[0]
     block = jax.device_put(np.zeros(nbytes, np.uint8),
-                           jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
-    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+                           jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host"))
+    on_device = jax.sharding.make_single_device_sharding(dev, memory_kind="device")
 
     def timed() -> float:
         t = clock()

@@ -169,9 +169,9 @@ class Bench:
         self.model, self.weights = make_model(cache, args.tokens, args.hidden, args.ffn)
         self.nbytes = prefix_bytes(layout, args.prefix_pages)
         dev = jax.devices()[0]
-        self.to_host = jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host")
+        self.to_host = jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host")
         self.block = jax.jit(lambda: jnp.ones(self.nbytes, jnp.uint8),
-                             out_shardings=jax.sharding.SingleDeviceSharding(dev, memory_kind="device"))()
+                             out_shardings=jax.sharding.make_single_device_sharding(dev, memory_kind="device"))()
         self.pos = 0
         self.last_prefix = None
 

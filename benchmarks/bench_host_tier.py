@@ -74,12 +74,11 @@ class Build:
         import jax
         import jax.numpy as jnp
         import numpy as np
-        from jax.sharding import SingleDeviceSharding
 
         from hicache_jax.pools import HOST_MEMORY
         self.jax, self.jnp, self.np = jax, jnp, np
         self.strategy, self.shape, self.dtype, self.device = strategy, shape, dtype, device
-        self.host = SingleDeviceSharding(device, memory_kind=HOST_MEMORY)
+        self.host = jax.sharding.make_single_device_sharding(device, memory_kind=HOST_MEMORY)
         self.temp_cap = temp_cap_bytes
         self.program, self.args, self.info = None, (), {}
 
@@ -93,7 +92,7 @@ class Build:
                 _, out = jax.lax.scan(lambda c, _: (c, jax.device_put(row, jax.memory.Space.Host)), None,
                                       length=shape[0])
                 return out
-            row = jax.ShapeDtypeStruct((shape[1],), np.dtype(dtype), sharding=jax.sharding.SingleDeviceSharding(
+            row = jax.ShapeDtypeStruct((shape[1],), np.dtype(dtype), sharding=jax.sharding.make_single_device_sharding(
                 self.device))
             traced = jax.jit(fill, out_shardings=self.host).trace(row)
             self.args = (jax.device_put(np.zeros(shape[1], dtype), self.device),)
@@ -113,7 +112,7 @@ class Build:
                                                                start, 0)
                 return jax.lax.fori_loop(0, steps, body, buf)
 
-            chunk = jax.ShapeDtypeStruct((c, shape[1]), np.dtype(dtype), sharding=jax.sharding.SingleDeviceSharding(
+            chunk = jax.ShapeDtypeStruct((c, shape[1]), np.dtype(dtype), sharding=jax.sharding.make_single_device_sharding(
                 self.device))
             traced = jax.jit(chunks, out_shardings=self.host).trace(chunk)
             self.args = (jax.device_put(np.zeros((c, shape[1]), dtype), self.device),)

@@ -133,7 +133,7 @@ def group_rows(cache, pages: int, groups: int, spare: int = 1) -> list[jax.Array
     rows = pages + min(pages, cache.window_pages)
     total, layers = bench_api.prefix_bytes(layout, pages), max(p.num_layers for p in layout.byte_pools)
     bounds = np.linspace(0, layers, groups + 1).round().astype(int)
-    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    host = jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     out = []
     for a, b in zip(bounds[:-1], bounds[1:]):
         row_elems = max(1, -(-total * int(b - a) // (layers * rows * 2)))   # u16 elements per row

@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, ".."), HERE]
 
 import jax  # noqa: E402
-from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P, make_single_device_sharding  # noqa: E402
 
 import hicache_jax as hc  # noqa: E402
 import pallas_kernels as pk  # noqa: E402
@@ -44,7 +44,7 @@ REAL_GQA = {"name": "gqa-32x8x128", "model_type": "gqa", "num_hidden_layers": 32
 
 def first_device():
     d = jax.devices()[0]
-    return SingleDeviceSharding(d), SingleDeviceSharding(d, memory_kind="pinned_host")
+    return make_single_device_sharding(d), make_single_device_sharding(d, memory_kind="pinned_host")
 
 
 def reference(nbytes: int, pages: int, mesh=None) -> Contiguous:

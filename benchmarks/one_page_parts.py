@@ -120,8 +120,8 @@ def run(config: str, kernels: list[str], rounds: int) -> dict:
     layout = next(iter(caches.values())).layout
     dev = jax.devices()[0]
     host_block = jax.device_put(np.zeros(bench_api.prefix_bytes(layout, 1), np.uint8),
-                                jax.sharding.SingleDeviceSharding(dev, memory_kind="pinned_host"))
-    on_device = jax.sharding.SingleDeviceSharding(dev, memory_kind="device")
+                                jax.sharding.make_single_device_sharding(dev, memory_kind="pinned_host"))
+    on_device = jax.sharding.make_single_device_sharding(dev, memory_kind="device")
     times = {f"{part}_{k}": [] for k in kernels for part in ("acquire", "bare")} | {"contiguous": []}
     parts, phases, exact = {k: [] for k in kernels}, {k: [] for k in kernels}, {}
     for r in range(rounds + 2):                 # two rounds warm up

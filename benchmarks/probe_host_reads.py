@@ -181,8 +181,8 @@ def probe(block: jax.Array, expected: np.ndarray, n: int, args, device_sharding)
 def main(argv=None) -> dict:
     args = parse(argv)
     device = jax.devices()[0]
-    host_sharding = jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
-    device_sharding = jax.sharding.SingleDeviceSharding(device, memory_kind="device")
+    host_sharding = jax.sharding.make_single_device_sharding(device, memory_kind="pinned_host")
+    device_sharding = jax.sharding.make_single_device_sharding(device, memory_kind="device")
     words = args.row_bytes // 4
     rng = np.random.default_rng(0)
     runs = []

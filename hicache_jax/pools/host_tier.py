@@ -32,12 +32,11 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jax.sharding import SingleDeviceSharding
 
 from hicache_jax.layout import PoolLayout
 from hicache_jax.pools.device_pools import checked_page_counts
 from hicache_jax.layout.rows import RowFormat
-from hicache_jax.pools.placement import HOST_MEMORY, Devices
+from hicache_jax.pools.placement import HOST_MEMORY, Devices, is_single_device, single_device
 
 NO_BLOCK = -1
 
@@ -191,9 +190,9 @@ class HostTier:
         # would lose the host memory space from the array's type.)
         sharding = self.sharding(allocator)
         shards = [jax.device_put(np.zeros(_shard_shape(shape, index), jnp.dtype(fmt.dtype)),
-                                 SingleDeviceSharding(device, memory_kind=HOST_MEMORY))
+                                 single_device(device, HOST_MEMORY))
                   for device, index in sharding.addressable_devices_indices_map(shape).items()]
-        if isinstance(sharding, SingleDeviceSharding):
+        if is_single_device(sharding):
             return shards[0]
         return jax.make_array_from_single_device_arrays(shape, sharding, shards)
 

@@ -9,12 +9,25 @@ from __future__ import annotations
 import dataclasses
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec, SingleDeviceSharding
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from hicache_jax.layout import Placement, PoolSpec
 
 TP_AXIS = "tp"
 HOST_MEMORY = "pinned_host"
+
+
+def single_device(device: jax.Device, memory_kind: str | None = None) -> jax.sharding.Sharding:
+    """An array placed whole on `device` (jax's `make_single_device_sharding`: its class
+    is deprecated from jax 0.12.1, and later versions may make this a `NamedSharding`)."""
+    return jax.sharding.make_single_device_sharding(device, memory_kind=memory_kind)
+
+
+def is_single_device(sharding: jax.sharding.Sharding) -> bool:
+    """Whether `sharding` is what `single_device` makes (on jax before 0.12.1, whose
+    `is_single_device_sharding` is missing, the class test it stands for)."""
+    check = getattr(jax.sharding, "is_single_device_sharding", None)
+    return check(sharding) if check is not None else isinstance(sharding, jax.sharding.SingleDeviceSharding)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -45,7 +58,7 @@ class Devices:
     def pool_sharding(self, spec: PoolSpec) -> jax.sharding.Sharding:
         """Sharding of `spec`'s device array `[num_layers, num_pages, *page_shape]`."""
         if self.mesh is None:
-            return SingleDeviceSharding(self.device)
+            return single_device(self.device)
         if self.sharded(spec):
             return NamedSharding(self.mesh, PartitionSpec(*([None] * (2 + spec.shard_axis)), TP_AXIS))
         return NamedSharding(self.mesh, PartitionSpec())
@@ -64,12 +77,12 @@ class Devices:
         """
         if sharded:
             return NamedSharding(self.mesh, PartitionSpec(None, TP_AXIS), memory_kind=memory_kind)
-        return SingleDeviceSharding(self.device, memory_kind=memory_kind)
+        return single_device(self.device, memory_kind)
 
     def replicated(self, memory_kind: str | None = None) -> jax.sharding.Sharding:
         """Replicated over the mesh (the single device without one)."""
         if self.mesh is None:
-            return SingleDeviceSharding(self.device, memory_kind=memory_kind)
+            return single_device(self.device, memory_kind)
         return NamedSharding(self.mesh, PartitionSpec(), memory_kind=memory_kind)
 
 

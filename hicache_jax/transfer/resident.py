@@ -20,13 +20,15 @@ from __future__ import annotations
 import jax
 import numpy as np
 
+from hicache_jax.pools.placement import single_device
+
 
 class ResidentIndices:
     """`one(value)` / `index(pages)`: the device-resident form of small indices of one device
     (values in `0..limit-1`), else the numpy index itself."""
 
     def __init__(self, device: jax.Device | None, limit: int):
-        self._sharding = None if device is None else jax.sharding.SingleDeviceSharding(device)
+        self._sharding = None if device is None else single_device(device)
         self.limit = limit
         self._arrays: dict[int, jax.Array] = {}
 

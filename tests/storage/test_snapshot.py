@@ -3,7 +3,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.sharding import SingleDeviceSharding
+from jax.sharding import make_single_device_sharding
 
 from hicache_jax.storage import load_snapshot, save_snapshot
 
@@ -26,7 +26,7 @@ def test_numpy_buffers_and_metadata_round_trip(tmp_path):
 
 def test_empty_buffers_round_trip_beside_others_or_alone(tmp_path):
     """orbax stores no zero-size array: the metadata carries their shape and dtype."""
-    pinned = SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    pinned = make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     save_snapshot(tmp_path / "s", {**buffers(), "tokens": np.zeros(0, np.int32)}, {"n": 0})
     snap = load_snapshot(tmp_path / "s", shardings={"tokens": pinned})
     assert snap.buffers["tokens"].shape == (0,) and snap.buffers["tokens"].sharding == pinned
@@ -38,7 +38,7 @@ def test_empty_buffers_round_trip_beside_others_or_alone(tmp_path):
 
 
 def test_pinned_host_arrays_restore_into_pinned_host(tmp_path):
-    pinned = SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    pinned = make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host")
     bufs = {k: jax.device_put(v, pinned) for k, v in buffers().items()}
     save_snapshot(tmp_path / "s", bufs, {})
     snap = load_snapshot(tmp_path / "s", shardings={"kv": pinned})
@@ -58,4 +58,4 @@ def test_snapshot_errors_name_the_problem(tmp_path):
     with pytest.raises(ValueError, match="no snapshot"):
         load_snapshot(tmp_path / "missing")
     with pytest.raises(ValueError, match="lacks"):
-        load_snapshot(tmp_path / "s", shardings={"swa": SingleDeviceSharding(jax.devices()[0])})
+        load_snapshot(tmp_path / "s", shardings={"swa": make_single_device_sharding(jax.devices()[0])})

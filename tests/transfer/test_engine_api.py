@@ -355,7 +355,7 @@ def test_warm_runs_run_every_warmed_program_once_and_leave_the_bytes(v4):
 
 def test_host_check_catches_compute_on_a_host_array():
     host = jax.device_put(np.zeros((4, 8), np.float32),
-                          jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host"))
+                          jax.sharding.make_single_device_sharding(jax.devices()[0], memory_kind="pinned_host"))
     bad = jax.jit(lambda h: h * 2).trace(host).jaxpr
     mixed = jax.jit(lambda h, x: jax.lax.dynamic_update_slice_in_dim(h, x, 0, 0)).trace
     good = jax.jit(lambda h, x: jax.lax.dynamic_update_slice_in_dim(h, jax.device_put(x, jax.memory.Space.Host), 1, 0))
