@@ -24,8 +24,9 @@ def single_device(device: jax.Device, memory_kind: str | None = None) -> jax.sha
 
 
 def is_single_device(sharding: jax.sharding.Sharding) -> bool:
-    """Whether `sharding` is what `single_device` makes (on jax before 0.12.1, whose
-    `is_single_device_sharding` is missing, the class test it stands for)."""
+    """Whether `sharding` is of jax's one-device sharding class (`is_single_device_sharding`;
+    on jax before 0.12.1, which lacks it, the class test it stands for). A `NamedSharding`
+    is not, even on one device: a caller must handle both."""
     check = getattr(jax.sharding, "is_single_device_sharding", None)
     return check(sharding) if check is not None else isinstance(sharding, jax.sharding.SingleDeviceSharding)
 
