@@ -55,8 +55,7 @@ class PrefixReads:
         """Start loading `match`'s host part (see `HiCache.load_back`); when `patient`,
         transfers in flight that pin the room it needs are waited for rather than refused."""
         if not deferred:   # a large block starts its copy while the tree plans
-            self._data.engine.copy_early(self._anchor, match.host_len // self.layout.page_size,
-                                         lambda: self._core.anchor_host_pages(match))
+            self._copy_early(match)
         job = self._core.start_load(match)
         self._data.flush_demotions()
         while job is Refusal.NO_DEVICE_SPACE and patient and self._data.free_room():
@@ -70,6 +69,10 @@ class PrefixReads:
         return LoadBack(job.load_id, None, job.length, job.loaded_tokens, job.device_pages,
                         job.window_pages.get(self._swa, _EMPTY), job.node, job.lock,
                         self._data.transfers.landing(job.transfer))
+
+    def _copy_early(self, match: MatchResult) -> None:
+        self._data.engine.copy_early(self._anchor, match.host_len // self.layout.page_size,
+                                     lambda: self._core.anchor_host_pages(match))
 
     def acquire(self, tokens: np.ndarray, load_back: bool, deferred: bool) -> Prefix:
         """`HiCache.acquire` for checked arguments."""
@@ -112,7 +115,8 @@ class PrefixReads:
     def acquire_many(self, seqs: list[np.ndarray], load_back: bool, deferred: bool) -> list[Prefix]:
         """`HiCache.acquire_many` for checked arguments.
 
-        Each request in order: match, pin, plan its load with the tree (patient for device
+        Each request in order: match, pin, start the early copy of its large host block
+        (unless `deferred`, as in `load_back`), plan its load with the tree (patient for device
         room, as `acquire` is); the planned loads start together, as one engine start, once
         every request is planned. A request whose path holds nodes that a planned load fills
         starts and waits for those planned so far first, then matches again, so it finds
@@ -132,6 +136,8 @@ class PrefixReads:
             if not (load_back and m.host_len):
                 out[i] = Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0)
                 continue
+            if not deferred:   # its large block copies while the next requests are planned
+                self._copy_early(m)
             job = self._core.start_load(m)
             self._data.flush_demotions()
             if job is Refusal.NO_DEVICE_SPACE and planned:

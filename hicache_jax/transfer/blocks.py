@@ -36,9 +36,10 @@ class HostBlocks:
         self.landing_rows = landing_rows      # {allocator: block sizes (rows) a step may land}
 
     # -- load chunks -------------------------------------------------------------------------
-    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict) -> Move:
+    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict, copied_pieces: bool = True) -> Move:
         """How one load chunk moves (module docstring, moves.py); `early`: the load's early
-        copies (`EarlyCopies.take`; only whole blocks' when its pieces' copies are not wanted)."""
+        copies (`EarlyCopies.take`), for its pieces too unless `copied_pieces` is False (only a fused
+        program takes copied pieces)."""
         table = self.host.tables[progs.fmt.allocator]
         start = part.whole_run_host_start
         if start is not None and not progs.broadcast_load:
@@ -50,7 +51,8 @@ class HostBlocks:
         for dst, host, length in part.host_runs():   # cut at blocks, not at the chunk's pieces: a whole
             for block, row, n in table.segments(host, length):   # block (a power of two) is one piece
                 for piece, k in binary(n):
-                    copied = early.get((id(table.arrays[block]), row + piece, k)) if block != NO_BLOCK else None
+                    copied = _early_piece(early, table.arrays[block], row + piece, k) \
+                        if copied_pieces and block != NO_BLOCK else None
                     if block == NO_BLOCK:
                         pieces.append(Piece(self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
                     elif copied is not None:
@@ -215,3 +217,13 @@ def _largest_block(chunk_moves: list[Move], sizes) -> tuple[int, int | None] | N
             if n in sizes and n > rows:
                 best, rows = (c, piece), n
     return best
+
+
+def _early_piece(early: dict, block, row: int, k: int):
+    """The early copy of `2**k` rows of `block` from `row`: one made of just those rows, or
+    of the whole block when they are all of it (a merged load's requests each copy theirs)."""
+    copied = early.get((id(block), row, k))
+    if copied is None and row == 0 and block_rows(block) == 1 << k:
+        copied = early.get(id(block))
+    return copied
+

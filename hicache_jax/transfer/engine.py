@@ -43,6 +43,7 @@ from hicache_jax.transfer.early import EarlyCopies
 from hicache_jax.transfer.engine_seams import EngineSeams
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
+from hicache_jax.transfer.moves import Pieces
 from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.plan_programs import PlanPrograms, fused_entries
 from hicache_jax.transfer.kernel_choice import resolve_kernels
@@ -220,9 +221,9 @@ class TransferEngine(EngineSeams, EngineWarmup):
         fused = self._plan_programs.ready_load(entries) if entries else None
         if fused is not None:
             return work, moves, landing, whole, fused
-        if moves is not None and any(isinstance(k, tuple) for k in early):
-            blocks_only = {k: v for k, v in early.items() if not isinstance(k, tuple)}
-            moves = [[self._blocks.load_move(progs, part, blocks_only) for part in parts] for progs, parts in work]
+        if moves is not None and any(isinstance(m, Pieces) and m.has_copies for ms in moves for m in ms):
+            moves = [[self._blocks.load_move(progs, part, early, copied_pieces=False) for part in parts]
+                     for progs, parts in work]
         if whole is not None:
             self._plan_programs.compiled(True, whole)
         elif backup:

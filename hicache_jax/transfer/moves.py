@@ -54,6 +54,10 @@ class Piece:
 class Pieces:
     pieces: tuple[Piece, ...]
 
+    @property
+    def has_copies(self) -> bool:
+        return any(p.copied for p in self.pieces)
+
     @functools.cached_property
     def calls(self) -> list[tuple[tuple, list[Piece]]]:
         """`staging_calls(pieces)`, worked out once: the engine compiles their programs

@@ -111,6 +111,48 @@ def test_program_calls_of_one_merged_start(name):
     assert calls["many_again"][1][0].startswith("plan:load_pieces")
 
 
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_each_request_copies_its_block_before_the_next_is_planned(name):
+    """Every block large enough to copy early (`early_copy_bytes=0`): each request whose host
+    part is one whole anchor block starts its `copy` before the next request is matched, and
+    the merged load unpacks those copies, through staging at first and then in its one fused
+    program (pieces marked copied), bit for bit; a deferred acquire starts none."""
+    blocks = ([2, 3], [4], [5, 6])
+    cache, d = make(name, transfer=hc.TransferConfig(early_copy_bytes=0, fuse_after=1,
+                                                                  landing_buckets=5))
+    offload(d, list(blocks))
+    toks = [prompt(b) for b in blocks]
+    events, match = [], cache._core.match_prefix
+    cache._core.match_prefix = lambda tokens: events.append("match") or match(tokens)
+    cache.on_program_call(lambda label, program, *args: events.append(label) or program(*args))
+    rounds = []
+    for deferred in (False, False, True):
+        events.clear()
+        prefixes = cache.acquire_many(toks, deferred=deferred)
+        if deferred:
+            landing = prefixes[0].landing
+            cache.set_device_pools(land_in_step(cache.device_pools, landing), landed=landing)
+            jax.block_until_ready(cache.device_pools)
+            cache.step()
+        for b, p in zip(blocks, prefixes):
+            assert p.host_tokens == len(b) * P
+            d.verify(b, p.device_pages, p.swa_pages)
+        unlock_all(cache, prefixes)
+        cache.evict(10 ** 6, 10 ** 6 if cache.swa_allocator else 0)
+        cache.drain()
+        cache.wait_compiles()
+        rounds.append(list(events))
+    for events in rounds[:2]:
+        copies = [e for e in events if ":copy[" in e]
+        planned = [e for e in events if e == "match" or ":copy[" in e]
+        assert len(copies) == len(blocks) and planned == ["match", copies[0], "match", copies[1], "match", copies[2]], events
+        assert events[-1 - events[::-1].index(copies[-1]):].count("match") == 0, events   # the loads come after
+    assert not any(e.startswith("plan:load_pieces") for e in rounds[0]), rounds[0]      # staging: not yet compiled
+    fused = [e for e in rounds[1] if not e.startswith(("match", cache.layout.anchor.name + ":copy["))]
+    assert len(fused) == 1 and fused[0].startswith("plan:load_pieces") and "True" in fused[0], rounds[1]
+    assert not any(":copy[" in e for e in rounds[2]), rounds[2]
+
+
 def _scenario(name, batch, device=16, **kw):
     """(prefixes of acquire_many, stats), (prefixes of one acquire each, stats), on identical caches."""
     out = []
