@@ -36,10 +36,11 @@ class HostBlocks:
         self.landing_rows = landing_rows      # {allocator: block sizes (rows) a step may land}
 
     # -- load chunks -------------------------------------------------------------------------
-    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict, copied_pieces: bool = True) -> Move:
+    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict,
+                  copied_pieces: bool = True) -> Move:
         """How one load chunk moves (module docstring, moves.py); `early`: the load's early
-        copies (`EarlyCopies.take`), for its pieces too unless `copied_pieces` is False (only a fused
-        program takes copied pieces)."""
+        copies (`EarlyCopies.take`), for its pieces too unless `copied_pieces` is False (only
+        a fused program takes copied pieces)."""
         table = self.host.tables[progs.fmt.allocator]
         start = part.whole_run_host_start
         if start is not None and not progs.broadcast_load:
@@ -226,4 +227,3 @@ def _early_piece(early: dict, block, row: int, k: int):
     if copied is None and row == 0 and block_rows(block) == 1 << k:
         copied = early.get(id(block))
     return copied
-
