@@ -112,8 +112,8 @@ class Build:
                                                                start, 0)
                 return jax.lax.fori_loop(0, steps, body, buf)
 
-            chunk = jax.ShapeDtypeStruct((c, shape[1]), np.dtype(dtype), sharding=jax.sharding.make_single_device_sharding(
-                self.device))
+            chunk = jax.ShapeDtypeStruct((c, shape[1]), np.dtype(dtype),
+                                         sharding=jax.sharding.make_single_device_sharding(self.device))
             traced = jax.jit(chunks, out_shardings=self.host).trace(chunk)
             self.args = (jax.device_put(np.zeros((c, shape[1]), dtype), self.device),)
         from hicache_jax.transfer import host_compute_violations

@@ -83,7 +83,9 @@ def static_step(model, cond: bool):
             return pools, jax.lax.dynamic_update_index_in_dim(out, last, i, 0)
 
         def body(i, carry):
-            return jax.lax.cond(i < slots.count, functools.partial(slot, i), lambda c: c, carry) if cond else slot(i, carry)
+            if not cond:
+                return slot(i, carry)
+            return jax.lax.cond(i < slots.count, functools.partial(slot, i), lambda c: c, carry)
         out = jnp.zeros((slots.tokens.shape[0], model.vocab_size), jnp.float32)
         return jax.lax.fori_loop(0, slots.tokens.shape[0], body, (pools, out))
     return step

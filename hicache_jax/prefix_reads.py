@@ -116,7 +116,7 @@ class PrefixReads:
         """`HiCache.acquire_many` for checked arguments.
 
         Each request in order: match, pin, start the early copy of its large host block
-        (unless `deferred`, as in `load_back`), plan its load with the tree (patient for device
+        (with fused loads on, unless `deferred`), plan its load with the tree (patient for device
         room, as `acquire` is); the planned loads start together, as one engine start, once
         every request is planned. A request whose path holds nodes that a planned load fills
         starts and waits for those planned so far first, then matches again, so it finds
@@ -125,6 +125,9 @@ class PrefixReads:
         requests' `Prefix.landing`."""
         out: list[Prefix | None] = [None] * len(seqs)
         planned: list[_Planned] = []
+        # a merged load takes its requests' early copies only through its fused program: with
+        # fused loads off (`fuse_after` 0) every copy would move its bytes twice
+        copy_early = not deferred and self.config.transfer.fuse_after > 0
         for i, tokens in enumerate(seqs):
             m = self._core.match_prefix(tokens)
             if planned and self._core.loads_along(tokens) & {p.job.load_id for p in planned}:
@@ -136,7 +139,7 @@ class PrefixReads:
             if not (load_back and m.host_len):
                 out[i] = Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0)
                 continue
-            if not deferred:   # its large block copies while the next requests are planned
+            if copy_early:     # its large block copies while the next requests are planned
                 self._copy_early(m)
             job = self._core.start_load(m)
             self._data.flush_demotions()

@@ -3,8 +3,9 @@
 The Python of a host hit (the tree's match and planning, the engine's checks, the program
 call) takes about a millisecond at 256 V4-Flash pages on the H200; a copy started before
 it runs on the copy engines meanwhile. An early copy starts when the tree is about to plan a
-load (`copy_early`, for the anchor's host pages: `acquire_many` starts each request's
-before planning the next, so the copies run under the rest of the step's Python) or first
+load (`copy_early`, for the anchor's host pages: `acquire_many` with fused loads on starts
+each request's before planning the next, so the copies run under the rest of the step's
+Python) or first
 thing in the load's `start` (`take`, for every allocator), and the load unpacks it:
 
     a whole block      the copy program `copy` (a DMA, no index to hand over); the chunk then
