@@ -20,11 +20,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from pallas_kernels import PAD
 from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer.compile_cache import ready_program, shared_program
 from hicache_jax.transfer.moves import EarlyCopy, Move, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
+# Where each allocator's pages start in a plan's joined index, in int32s (256 bytes). XLA may
+# hand a kernel a slice of an argument as a pointer into it, and a Mosaic GPU kernel refuses
+# an input that is not 256-byte aligned.
+INDEX_ALIGN = 64
 SIGHTINGS_KEPT = 4096     # load shapes whose sightings are counted (the least recently seen are forgotten)
 
 # One allocator's part of a fused load: (allocator, pages, (Program.LOAD_BLOCK, on device))
@@ -152,9 +157,14 @@ class PlanPrograms:
 def plan_index(indices: list[np.ndarray], one_page: Callable) -> tuple:
     """A plan program's index argument from each allocator's page index (plan order): every
     one-page allocator's own `one_page(index)` (a kept device array: `ResidentIndices`), then
-    the other allocators' indices concatenated (one copy to the device for all of them)."""
+    the other allocators' indices concatenated (one copy to the device for all of them), each
+    starting at a multiple of `INDEX_ALIGN` (the gaps hold PAD)."""
     rest = [i for i in indices if i.shape != (1,)]
-    return tuple(one_page(i) for i in indices if i.shape == (1,)) + ((np.concatenate(rest),) if rest else ())
+    ones = tuple(one_page(i) for i in indices if i.shape == (1,))
+    if not rest:
+        return ones
+    gaps = [np.full(-i.size % INDEX_ALIGN, PAD, np.int32) for i in rest[:-1]]
+    return ones + (np.concatenate([part for i, gap in zip(rest, gaps) for part in (i, gap)] + [rest[-1]]),)
 
 
 def split_plan_index(sizes: list[int], idx: tuple) -> list:
@@ -164,9 +174,9 @@ def split_plan_index(sizes: list[int], idx: tuple) -> list:
     for n in sizes:
         if n == 1:
             out.append(next(ones))
-        else:                        # the rest are consecutive slices of the last argument
+        else:                        # the rest are aligned slices of the last argument
             out.append(idx[-1][lo:lo + n])
-            lo += n
+            lo += n + -n % INDEX_ALIGN
     return out
 
 
