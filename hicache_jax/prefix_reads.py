@@ -116,7 +116,7 @@ class PrefixReads:
         """`HiCache.acquire_many` for checked arguments.
 
         Each request in order: match, pin, start the early copy of its large host block
-        (with fused loads on, unless `deferred`), plan its load with the tree (patient for device
+        (unless `deferred`), plan its load with the tree (patient for device
         room, as `acquire` is); the planned loads start together, as one engine start, once
         every request is planned. A request whose path holds nodes that a planned load fills
         starts and waits for those planned so far first, then matches again, so it finds
@@ -125,9 +125,7 @@ class PrefixReads:
         requests' `Prefix.landing`."""
         out: list[Prefix | None] = [None] * len(seqs)
         planned: list[_Planned] = []
-        # a merged load takes its requests' early copies only through its fused program: with
-        # fused loads off (`fuse_after` 0) every copy would move its bytes twice
-        copy_early = not deferred and self.config.transfer.fuse_after > 0
+        copy_early = not deferred
         for i, tokens in enumerate(seqs):
             m = self._core.match_prefix(tokens)
             if planned and self._core.loads_along(tokens) & {p.job.load_id for p in planned}:

@@ -36,11 +36,9 @@ class HostBlocks:
         self.landing_rows = landing_rows      # {allocator: block sizes (rows) a step may land}
 
     # -- load chunks -------------------------------------------------------------------------
-    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict,
-                  copied_pieces: bool = True) -> Move:
+    def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict) -> Move:
         """How one load chunk moves (module docstring, moves.py); `early`: the load's early
-        copies (`EarlyCopies.take`), for its pieces too unless `copied_pieces` is False (only
-        a fused program takes copied pieces)."""
+        copies (`EarlyCopies.take`), of whole chunks and of pieces."""
         table = self.host.tables[progs.fmt.allocator]
         start = part.whole_run_host_start
         if start is not None and not progs.broadcast_load:
@@ -53,7 +51,7 @@ class HostBlocks:
             for block, row, n in table.segments(host, length):   # block (a power of two) is one piece
                 for piece, k in binary(n):
                     copied = _early_piece(early, table.arrays[block], row + piece, k) \
-                        if copied_pieces and block != NO_BLOCK else None
+                        if block != NO_BLOCK else None
                     if block == NO_BLOCK:
                         pieces.append(Piece(self.host.zeros(progs.fmt.allocator, 1 << k), 0, k, dst + piece))
                     elif copied is not None:

@@ -3,18 +3,17 @@
 The Python of a host hit (the tree's match and planning, the engine's checks, the program
 call) takes about a millisecond at 256 V4-Flash pages on the H200; a copy started before
 it runs on the copy engines meanwhile. An early copy starts when the tree is about to plan a
-load (`copy_early`, for the anchor's host pages: `acquire_many` with fused loads on starts
-each request's before planning the next, so the copies run under the rest of the step's
-Python) or first
-thing in the load's `start` (`take`, for every allocator), and the load unpacks it:
+load (`copy_early`, for the anchor's host pages: `acquire_many` starts each request's before
+planning the next, so the copies run under the rest of the step's Python) or first thing in
+the load's `start` (`take`, for every allocator), and the load unpacks it:
 
     a whole block      the copy program `copy` (a DMA, no index to hand over); the chunk then
                        moves as `EarlyCopy` by `load_block(S, 1)`, or, in a merged load's
                        chunk, as a copied piece (`Piece.copied`, as below)
     rows of a block    `read(B, k)` of each power-of-two piece of a run inside a block; the
-                       chunk's `Pieces` then name the copies (`Piece.copied`), which only the
-                       chunk's fused program takes (`PlanPrograms.ready_load`): without it, the
-                       chunk moves from the host blocks and the copies are dropped
+                       chunk's `Pieces` then name the copies (`Piece.copied`): the chunk's
+                       fused program takes them (`PlanPrograms.ready_load`), else each goes
+                       into the staging buffer by `h2d(rows, k, 1)`, a copy on the device
 
 A copy holds device memory until its load unpacks it; the next load's `take` drops every
 copy it does not use. Only pieces of at least `early_copy_bytes` are copied: on the H200 a

@@ -43,7 +43,6 @@ from hicache_jax.transfer.early import EarlyCopies
 from hicache_jax.transfer.engine_seams import EngineSeams
 from hicache_jax.transfer.handle import TransferHandle
 from hicache_jax.transfer.landing import Landing
-from hicache_jax.transfer.moves import Pieces
 from hicache_jax.transfer.plan_check import check_plan
 from hicache_jax.transfer.plan_programs import PlanPrograms, fused_entries
 from hicache_jax.transfer.kernel_choice import resolve_kernels
@@ -198,9 +197,8 @@ class TransferEngine(EngineSeams, EngineWarmup):
     def _prepare(self, plan: TransferPlan, backup: bool, deferred: bool, early: dict):
         """`(work, moves, landing, whole, fused)` of a plan that is not a whole load: its chunks
         per allocator, how each load chunk moves, a deferred load's landing, a one-program
-        backup's key, a load's fused program if it is compiled (`PlanPrograms.ready_load`; the
-        first load of a shape moves per chunk, from the host blocks, not its pieces' early
-        copies); every program they need compiled (a compile error leaves both tiers as they were)."""
+        backup's key, a load's fused program if it is compiled (`PlanPrograms.ready_load`; else
+        the load moves per chunk); every program they need compiled (a compile error leaves both tiers as they were)."""
         work = []
         for batch in plan.batches:
             progs = self._programs.get(batch.allocator)
@@ -221,9 +219,6 @@ class TransferEngine(EngineSeams, EngineWarmup):
         fused = self._plan_programs.ready_load(entries) if entries else None
         if fused is not None:
             return work, moves, landing, whole, fused
-        if moves is not None and any(isinstance(m, Pieces) and m.has_copies for ms in moves for m in ms):
-            moves = [[self._blocks.load_move(progs, part, early, copied_pieces=False) for part in parts]
-                     for progs, parts in work]
         if whole is not None:
             self._plan_programs.compiled(True, whole)
         elif backup:

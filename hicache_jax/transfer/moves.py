@@ -54,10 +54,6 @@ class Piece:
 class Pieces:
     pieces: tuple[Piece, ...]
 
-    @property
-    def has_copies(self) -> bool:
-        return any(p.copied for p in self.pieces)
-
     @functools.cached_property
     def calls(self) -> list[tuple[tuple, list[Piece]]]:
         """`staging_calls(pieces)`, worked out once: the engine compiles their programs
@@ -71,11 +67,14 @@ Move = WholeBlock | EarlyCopy | Pieces
 def staging_calls(pieces) -> list[tuple[tuple, list[Piece]]]:
     """The calls that copy a chunk's host pieces into staging: `(program key, pieces)` with key
     `(h2d_many, log2 rows, count)` for 2 to `H2D_GROUP` pieces that are whole host blocks of
-    one size, else `(h2d, block rows, log2 rows)` for one piece. Their staging rows never
-    overlap, so the order of the calls does not matter."""
+    one size, else `(h2d, block rows, log2 rows)` for one piece (`(h2d, rows, log2 rows, 1)`
+    for a piece's early copy, already on the device). Their staging rows never overlap, so
+    the order of the calls does not matter."""
     calls, whole = [], {}
     for p in pieces:
-        if not p.copied and block_rows(p.block) == p.rows:
+        if p.copied:
+            calls.append(((Program.H2D, p.rows, p.log2_rows, 1), [p]))
+        elif block_rows(p.block) == p.rows:
             whole.setdefault(p.log2_rows, []).append(p)
         else:
             calls.append(((Program.H2D, block_rows(p.block), p.log2_rows), [p]))

@@ -62,7 +62,7 @@ class Program(enum.StrEnum):
     PACK_CUT = "pack_cut"       # (pages,): pack, and cut a piece of each power-of-two size below pages
     SLICE = "slice"             # (pages, log2 rows): a piece of packed rows
     LOAD_BLOCK = "load_block"   # (pages, on device): one whole block (or its device copy) -> pools
-    H2D = "h2d"                 # (block rows, log2 rows): rows of one block -> staging
+    H2D = "h2d"                 # (block rows, log2 rows[, on device]): rows of one block (or its copy) -> staging
     H2D_MANY = "h2d_many"       # (log2 rows, count): that many whole blocks of one size -> staging
     UNPACK = "unpack"           # (pages,): scatter the staging rows into the pools
     TAKE = "take"               # (pages,): the first staging rows, to broadcast them
@@ -252,14 +252,15 @@ class AllocatorPrograms:
         """The first `pages` staging rows as their own array (to broadcast them)."""
         return (lambda staging: tuple(s[:pages] for s in staging)), (self._staging_spec(),), (), self._staged()
 
-    def _h2d(self, block_rows: int, log2_rows: int):
+    def _h2d(self, block_rows: int, log2_rows: int, copied: int = 0):
         size = 1 << log2_rows
+        block = self._staging_spec(block_rows) if copied else self._host_example(block_rows)
 
         def h2d(staging, block, src, dst):
             return tuple(jax.lax.dynamic_update_slice_in_dim(s, r, dst[0], 0)
                          for s, r in zip(staging, _block_rows(block, src, size)))
 
-        args = (self._staging_spec(), self._host_example(block_rows), self._index(1), self._index(1))
+        args = (self._staging_spec(), block, self._index(1), self._index(1))
         return h2d, args, (0,), self._staged()
 
     def _h2d_many(self, log2_rows: int, count: int):

@@ -19,8 +19,8 @@ def pow2_upto(n: int) -> list[int]:
 def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool]) -> list[tuple]:
     """Program keys of chunks of up to `limit` pages: pack and unpack of each padded size,
     the pieces a backup cuts (`pack_cut` from 2 pages, and the `slice` of each smaller size), a
-    whole-block load of each size (when `early(pages)`, also its early copy and the load
-    from it), the copies of any piece of any block up to that size (L3 reads too), and of
+    whole-block load of each size (when `early(pages)`, also its early copy, the load from
+    it and its way into staging), the copies of any piece of any block up to that size (L3 reads too), and of
     2 to `H2D_GROUP` whole blocks of one size at once."""
     keys = []
     for pages in pow2_upto(limit):
@@ -34,7 +34,7 @@ def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool
         else:
             keys.append((Program.LOAD_BLOCK, pages, 0))
             if early(pages):
-                keys += [(Program.COPY, pages), (Program.LOAD_BLOCK, pages, 1)]
+                keys += [(Program.COPY, pages), (Program.LOAD_BLOCK, pages, 1), (Program.H2D, pages, k, 1)]
     return keys
 
 

@@ -49,7 +49,10 @@ class WarmRuns:
                 out = run(self._rows[(a, pages)], ints.one(0))
             case Program.H2D:      # over the staging buffer (donated): waited for as the buffer, at the end
                 self._staged[a] = progs
-                self._dispatch.set_staging(progs, run(self._dispatch.staging_buffer(progs), self._block(a, pages),
+                block = self._block(a, pages)
+                if rest[1:] and rest[1]:        # from an early copy
+                    block = progs.compiled(Program.COPY, pages)(block)
+                self._dispatch.set_staging(progs, run(self._dispatch.staging_buffer(progs), block,
                                                       ints.one(0), ints.one(0)))
                 return
             case Program.H2D_MANY:     # key (log2 rows, count): that many zero blocks, all to row 0

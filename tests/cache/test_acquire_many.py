@@ -148,23 +148,32 @@ def test_each_request_copies_its_block_before_the_next_is_planned(name):
         assert len(copies) == len(blocks), events
         assert planned == ["match", copies[0], "match", copies[1], "match", copies[2]], events
     assert not any(e.startswith("plan:load_pieces") for e in rounds[0]), rounds[0]      # staging: not yet compiled
+    staged = [e for e in rounds[0] if e.startswith(cache.layout.anchor.name + ":h2d")]
+    assert staged and all(e.endswith(", 1]") for e in staged), rounds[0]          # the copies, placed on the device
     fused = [e for e in rounds[1] if not e.startswith(("match", cache.layout.anchor.name + ":copy["))]
     assert len(fused) == 1 and fused[0].startswith("plan:load_pieces") and "True" in fused[0], rounds[1]
     assert not any(":copy[" in e for e in rounds[2]), rounds[2]
 
 
-def test_no_early_copies_without_fused_loads():
-    """With fused loads off (the default) a merged load moves from the host blocks, so
-    `acquire_many` starts no copy its load would drop."""
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_without_fused_loads_each_copy_goes_into_staging_on_the_device(name):
+    """With fused loads off (the default) the merged load moves through the staging buffer:
+    each request's early copy goes in by the on-device `h2d` (key ending in 1), and no anchor
+    block crosses the link a second time from the host."""
     blocks = ([2, 3], [4], [5, 6])
-    cache, d = make("tiny_v4", transfer=hc.TransferConfig(early_copy_bytes=0, fuse_after=0))
+    cache, d = make(name, transfer=hc.TransferConfig(early_copy_bytes=0, fuse_after=0))
     offload(d, list(blocks))
     labels = []
     cache.on_program_call(lambda label, program, *args: labels.append(label) or program(*args))
     prefixes = cache.acquire_many([prompt(b) for b in blocks])
     for b, p in zip(blocks, prefixes):
+        assert p.host_tokens == len(b) * P
         d.verify(b, p.device_pages, p.swa_pages)
-    assert labels and not any(":copy[" in e for e in labels), labels
+    anchor = cache.layout.anchor.name
+    copies = [e for e in labels if e.startswith(anchor + ":copy[")]
+    into_staging = [e for e in labels if e.startswith((anchor + ":h2d[", anchor + ":h2d_many["))]
+    assert len(copies) == len(blocks), labels
+    assert len(into_staging) == len(blocks) and all(e.endswith(", 1]") for e in into_staging), labels
     unlock_all(cache, prefixes)
     assert_room_back(cache)
 

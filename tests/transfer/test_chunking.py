@@ -87,8 +87,8 @@ def test_cut_index_names_the_first_piece_of_each_size(seed):
 
 def test_whole_blocks_of_one_size_reach_staging_in_groups():
     """`staging_calls`: whole-block pieces of one size go up to H2D_GROUP per `h2d_many`
-    call, a lone one by `h2d`; a piece that is part of its block, or an early device copy,
-    has a call of its own. Every piece is in exactly one call."""
+    call, a lone one by `h2d`; a piece that is part of its block has a call of its own, and
+    so has an early device copy (`h2d` from the device). Every piece is in exactly one call."""
     from hicache_jax.transfer.moves import H2D_GROUP, Piece, staging_calls
     from hicache_jax.transfer.programs import Program
 
@@ -103,7 +103,7 @@ def test_whole_blocks_of_one_size_reach_staging_in_groups():
     keys = sorted((tuple(key), len(group)) for key, group in calls)
     assert keys == sorted([((Program.H2D_MANY, 0, H2D_GROUP), H2D_GROUP), ((Program.H2D, 1, 0), 1),
                            ((Program.H2D_MANY, 2, 2), 2), ((Program.H2D, 8, 2), 1), ((Program.H2D, 2, 0), 1),
-                           ((Program.H2D, 1, 0), 1)])
+                           ((Program.H2D, 1, 0, 1), 1)])      # the copy: already on the device
     for key, group in calls:
         if key[0] is Program.H2D_MANY:
             assert all(p.rows == 1 << key[1] == p.block[0].shape[0] and not p.copied for p in group)
