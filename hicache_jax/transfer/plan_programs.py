@@ -26,9 +26,9 @@ from hicache_jax.transfer.compile_cache import ready_program, shared_program
 from hicache_jax.transfer.moves import EarlyCopy, Move, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
-# Where each allocator's pages start in a plan's joined index, in int32s (256 bytes). XLA may
-# hand a kernel a slice of an argument as a pointer into it, and a Mosaic GPU kernel refuses
-# an input that is not 256-byte aligned.
+# Where each allocator's pages start in a plan's joined index, in int32s (256 bytes). XLA turns
+# a slice of 256 bytes or more into a dynamic-slice fusion, handing the kernel a pointer into
+# the argument, and a Mosaic GPU kernel refuses an input that is not 256-byte aligned.
 INDEX_ALIGN = 64
 SIGHTINGS_KEPT = 4096     # load shapes whose sightings are counted (the least recently seen are forgotten)
 
