@@ -92,6 +92,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "(TransferConfig.fuse_after)" + d)
     ap.add_argument("--kernels", default="auto", choices=IMPLS,
                     help="HiCache run: the pack / unpack kernels (TransferConfig.kernels)" + d)
+    ap.add_argument("--recompute-us-per-token", type=float, default=None, metavar="US",
+                    help="HiCache run: load a host hit only if its bytes over the link plus --load-overhead-us "
+                         "take less than recomputing its tokens at US microseconds each "
+                         "(HiCacheConfig.recompute_seconds_per_token; default: load every hit)")
+    ap.add_argument("--load-overhead-us", type=float, default=0.0, metavar="US",
+                    help="HiCache run, with --recompute-us-per-token: the host time any load costs "
+                         "(HiCacheConfig.load_overhead_seconds)" + d)
     ap.add_argument("--seed", type=int, default=0, help="seed of random weights and of token ids" + d)
     ap.add_argument("--chunk", type=int, default=None, help="Gemma only: positions per forward, a divisor of "
                                                               "the page (default 32)")
@@ -105,6 +112,13 @@ def parse_args(argv=None) -> argparse.Namespace:
             ap.error(f"--{name.replace('_', '-')} must be >= {low}, got {v}")
     if not (math.isfinite(args.time_scale) and args.time_scale > 0):
         ap.error(f"--time-scale must be a number > 0, got {args.time_scale}")
+    if args.recompute_us_per_token is not None and not (math.isfinite(args.recompute_us_per_token)
+                                                        and args.recompute_us_per_token > 0):
+        ap.error(f"--recompute-us-per-token must be a number > 0, got {args.recompute_us_per_token}")
+    if not (math.isfinite(args.load_overhead_us) and args.load_overhead_us >= 0):
+        ap.error(f"--load-overhead-us must be a number >= 0, got {args.load_overhead_us}")
+    if args.load_overhead_us and args.recompute_us_per_token is None:
+        ap.error("--load-overhead-us needs --recompute-us-per-token (without it every host hit is loaded)")
     config = pathlib.Path(args.config)
     if not config.exists() and not config.is_absolute() and (ROOT / config).exists():
         config = ROOT / config
@@ -184,8 +198,10 @@ def main(argv=None) -> int:
     sample = sample_indices(jobs, args.check)
     rows = min(len(sample), B)
     transfer = hc.TransferConfig(kernels=args.kernels, fuse_after=args.fuse_after)
-    caches = {kind: make_cache(kind, layout, args.device_pages, args.host_pages, args.write_policy, transfer)
-              for kind in CacheKind}
+    load_cost = None if args.recompute_us_per_token is None else (args.recompute_us_per_token * 1e-6,
+                                                                  args.load_overhead_us * 1e-6)
+    caches = {kind: make_cache(kind, layout, args.device_pages, args.host_pages, args.write_policy, transfer,
+                               load_cost) for kind in CacheKind}
     say(args, "compiling the transfer programs and the batched step (a one-off) ...")
     caches[CacheKind.HICACHE].warmup()    # every chunk size: a step's backups merge many requests' pages
     for cache in caches.values():
@@ -234,6 +250,7 @@ def main(argv=None) -> int:
         "chunk": model.chunk_size, "time_scale": args.time_scale, "max_input_tokens": args.max_input_tokens,
         "max_output_tokens": args.max_output_tokens, "write_policy": args.write_policy,
         "window_policy": args.policy.name, "admission": args.admission, "fuse_after": transfer.fuse_after,
+        "recompute_us_per_token": args.recompute_us_per_token, "load_overhead_us": args.load_overhead_us,
         "kernels": kernels,
         "platform": jax.devices()[0].platform, "jax": jax.__version__,
         "runs": summaries,

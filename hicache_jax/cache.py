@@ -55,7 +55,8 @@ class HiCache(CacheSeams):
         self._core = TreeCore(layout, device_pages=device, host_pages=host, write_policy=config.write_policy,
                              write_threshold=config.write_through_threshold,
                              load_back_threshold=config.load_back_threshold,
-                             load_cost=LoadCost(config.recompute_seconds_per_token, config.link_bytes_per_second),
+                             load_cost=LoadCost(config.recompute_seconds_per_token, config.link_bytes_per_second,
+                                                config.load_overhead_seconds),
                              prefetch_share=config.storage.prefetch_share)
         self._engine = engine if engine is not None else TransferEngine(
             layout, device, host, mesh, config.transfer)

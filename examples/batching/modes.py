@@ -32,12 +32,16 @@ class CacheKind(enum.Enum):
 
 
 def make_cache(kind: CacheKind, layout, device_pages: int, host_pages: int,
-               write_policy: str = "write_through", transfer: hc.TransferConfig | None = None) -> hc.HiCache:
+               write_policy: str = "write_through", transfer: hc.TransferConfig | None = None,
+               load_cost: tuple[float, float] | None = None) -> hc.HiCache:
     """The cache a run of `kind` uses (module docstring); `transfer`: the HiCache run's
-    `TransferConfig` (None: the default one)."""
+    `TransferConfig` (None: the default one); `load_cost`: its cost model, (recompute
+    seconds per token, load overhead seconds), or None (every host hit is loaded)."""
     match kind:
         case CacheKind.HICACHE:
+            recompute, overhead = load_cost or (None, 0.0)
             config = hc.HiCacheConfig(device_pages=device_pages, host_pages=host_pages, write_policy=write_policy,
+                                      recompute_seconds_per_token=recompute, load_overhead_seconds=overhead,
                                       transfer=transfer or hc.TransferConfig())
         case CacheKind.DEVICE_ONLY | CacheKind.NO_CACHE:
             config = hc.HiCacheConfig(device_pages=device_pages, host_pages=0)

@@ -55,6 +55,7 @@ def summarize(run: Run) -> dict:
         "steps": len(run.steps),
         "preemptions": run.preemptions,
         "refused_admissions": run.refused_admissions,
+        "load_refusals": dict(st.load_refusals),     # host hits recomputed instead, by reason
         "wall_s": round(run.wall_s, 3),
         "phase_s": {phase: round(spent, 3) for phase, spent in run.phase_s.items()},
         "cache_phases_s": {phase: round(spent, 3) for phase, spent in sorted(run.cache_phases_s.items())},

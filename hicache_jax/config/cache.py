@@ -195,7 +195,8 @@ class HiCacheConfig:
     Load-back: a host hit is brought back only if it moves at least
     `max(1, load_back_threshold)` tokens (or an SWA window), and, when
     `recompute_seconds_per_token` is set, only if moving its bytes at
-    `link_bytes_per_second` is faster than recomputing its tokens.
+    `link_bytes_per_second`, plus `load_overhead_seconds` (the host time a load costs
+    whatever its size: planning, program calls), is faster than recomputing its tokens.
     """
 
     device_pages: int
@@ -208,6 +209,7 @@ class HiCacheConfig:
     load_back_threshold: int = DEFAULT_LOAD_BACK_THRESHOLD
     recompute_seconds_per_token: float | None = None
     link_bytes_per_second: float = DEFAULT_LINK_BYTES_PER_SECOND
+    load_overhead_seconds: float = 0.0
     check_invariants: bool = False               # recompute every invariant after each call (tests)
     transfer: TransferConfig = TransferConfig()
     storage: StorageConfig = StorageConfig()
@@ -240,6 +242,9 @@ class HiCacheConfig:
         if self.recompute_seconds_per_token is not None:
             check.number("recompute_seconds_per_token", self.recompute_seconds_per_token)
         check.number("link_bytes_per_second", self.link_bytes_per_second)
+        if check.number("load_overhead_seconds", self.load_overhead_seconds, positive=False) < 0:
+            raise ValueError(f"HiCacheConfig field 'load_overhead_seconds' must be >= 0, "
+                             f"got {self.load_overhead_seconds!r}")
         if not isinstance(self.check_invariants, bool):
             raise ValueError(f"HiCacheConfig field 'check_invariants' must be a bool, got {self.check_invariants!r}")
         for name, kind in (("transfer", TransferConfig), ("storage", StorageConfig)):

@@ -96,7 +96,8 @@ class Instance:
         self.core = TreeCore(layout, device_pages=device, host_pages=host, write_policy=cache.write_policy,
                              write_threshold=cache.write_through_threshold,
                              load_back_threshold=cache.load_back_threshold,
-                             load_cost=LoadCost(cache.recompute_seconds_per_token, cache.link_bytes_per_second),
+                             load_cost=LoadCost(cache.recompute_seconds_per_token, cache.link_bytes_per_second,
+                                                cache.load_overhead_seconds),
                              prefetch_share=cache.storage.prefetch_share)
         self.transfers = Transfers(layout, self.core, cache, config.rates, store)
         self._store = store

@@ -32,10 +32,12 @@ from hicache_jax.tree.state import DEVICE_VALID, Event, Residency, Tier
 
 @dataclasses.dataclass(frozen=True)
 class LoadCost:
-    """Is moving a host hit faster than recomputing it? (None of it set: always load.)"""
+    """Is moving a host hit (its bytes over the link, plus a fixed `overhead_seconds` of
+    host time) faster than recomputing it? (No recompute cost set: always load.)"""
 
     recompute_seconds_per_token: float | None = None
     link_bytes_per_second: float = 25e9
+    overhead_seconds: float = 0.0
 
     def worth_it(self, layout: PoolLayout, components: Components, match: MatchResult) -> bool:
         if self.recompute_seconds_per_token is None or match.host_len == 0:
@@ -43,7 +45,8 @@ class LoadCost:
         pages = match.total_len // layout.page_size
         moved = match.host_len * layout.bytes_per_token() + sum(
             layout.page_bytes_of(c.name) * min(c.window_pages, pages) for c in components.windows)
-        return moved / self.link_bytes_per_second <= match.host_len * self.recompute_seconds_per_token
+        seconds = self.overhead_seconds + moved / self.link_bytes_per_second
+        return seconds <= match.host_len * self.recompute_seconds_per_token
 
 
 class ReadPath:

@@ -124,6 +124,16 @@ def test_cost_model_skips_loads_slower_than_recompute():
     costly = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, recompute_seconds_per_token=1e-6))
     lb = costly.load_back(host_hit(costly))
     assert lb.started and costly.wait(lb)
+    # the same, but any load costs 1 ms of host time: 1.018 ms against 768 us, not worth it;
+    # with 0.5 ms it is (0.518 ms)
+    slow_host = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, recompute_seconds_per_token=1e-6,
+                                                 load_overhead_seconds=1e-3))
+    lb = slow_host.load_back(host_hit(slow_host))
+    assert lb.refused is hc.tree.Refusal.NOT_WORTH_IT and slow_host.stats().load_refusals == {"not_worth_it": 1}
+    fair = hc.HiCache(lay, hc.HiCacheConfig(device_pages=6, host_pages=12, recompute_seconds_per_token=1e-6,
+                                            load_overhead_seconds=5e-4))
+    lb = fair.load_back(host_hit(fair))
+    assert lb.started and fair.wait(lb)
 
 
 def test_acquire_pins_the_prefix_and_reports_refusals():

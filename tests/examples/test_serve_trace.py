@@ -12,9 +12,10 @@ import pathlib
 import numpy as np
 import pytest
 
+import hicache_jax as hc
 from conftest import CONFIGS, ROOT
 from examples import serve_trace
-from examples.batching import loop
+from examples.batching import loop, modes
 
 TRACE = ROOT / "traces" / "conversation_trace.jsonl.gz"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -112,8 +113,12 @@ def test_a_trace_it_has_not_seen_and_more_requests_compile_nothing(capsys, tmp_p
               "--max-output-tokens", "4", "--max-batch", "4", "--device-pages", "20"]
     # six requests, the jnp kernels named, and admission that reserves a request's pages: none
     # preempted; by default no load compiles a fused program (nothing compiles in the background)
-    code, few = run(capsys, *common, "--limit", "6", "--kernels", "reference", "--admission", "reserve")
+    # (and a cost model under which every load is worth it: recorded, nothing refused for it)
+    code, few = run(capsys, *common, "--limit", "6", "--kernels", "reference", "--admission", "reserve",
+                    "--recompute-us-per-token", "1000", "--load-overhead-us", "250")
     assert code == 0 and few["identical"] and few["compiles_while_serving"] == 0
+    assert few["recompute_us_per_token"] == 1000 and few["load_overhead_us"] == 250
+    assert "not_worth_it" not in few["runs"]["hicache"]["load_refusals"]
     assert few["admission"] == "reserve" and all(r["preemptions"] == 0 for r in few["runs"].values())
     assert few["kernels"] == "reference"
     assert few["fuse_after"] == 0 and few["runs"]["hicache"]["background_compiles"] == 0
@@ -147,6 +152,19 @@ def test_a_changed_bit_is_caught(capsys, tmp_path, monkeypatch):
     assert result["identical_across_runs"] is True      # the digests still agree: every run was changed alike
 
 
+def test_the_cost_model_reaches_the_hicache_run_only():
+    """`load_cost` (serve_trace's --recompute-us-per-token and --load-overhead-us) configures
+    the HiCache run's cost model (tests/cache/test_api.py checks what it decides); the other
+    runs have no host tier to load from."""
+    lay = hc.build_layout(hc.load_model_config(CONFIGS / "tiny_v4.json"))
+    cache = modes.make_cache(modes.CacheKind.HICACHE, lay, 8, 32, load_cost=(1e-6, 1e-3))
+    assert (cache.config.recompute_seconds_per_token, cache.config.load_overhead_seconds) == (1e-6, 1e-3)
+    default = modes.make_cache(modes.CacheKind.HICACHE, lay, 8, 32)
+    assert (default.config.recompute_seconds_per_token, default.config.load_overhead_seconds) == (None, 0.0)
+    for kind in (modes.CacheKind.DEVICE_ONLY, modes.CacheKind.NO_CACHE):
+        assert modes.make_cache(kind, lay, 8, 32, load_cost=(1e-6, 1e-3)).config.host_pages == 0
+
+
 def bad_trace(tmp_path) -> str:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"timestamp": 0, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}\n'
@@ -163,6 +181,10 @@ def bad_trace(tmp_path) -> str:
     (["--max-output-tokens", "0"], "--max-output-tokens must be >= 1, got 0"),
     (["--time-scale", "0"], "--time-scale must be a number > 0, got 0.0"),
     (["--time-scale", "nan"], "--time-scale must be a number > 0, got nan"),
+    (["--recompute-us-per-token", "0"], "--recompute-us-per-token must be a number > 0, got 0.0"),
+    (["--recompute-us-per-token", "inf"], "--recompute-us-per-token must be a number > 0, got inf"),
+    (["--recompute-us-per-token", "2", "--load-overhead-us", "-5"], "--load-overhead-us must be a number >= 0, got -5.0"),
+    (["--load-overhead-us", "300"], "--load-overhead-us needs --recompute-us-per-token"),
     (["--limit", "many"], "argument --limit: invalid int value: 'many'"),
     (["--chunk", "32"], "--chunk 32: only Gemma models take --chunk"),
     (["--device-pages", "3"], "--device-pages 3: the longest request needs 9 pages"),
