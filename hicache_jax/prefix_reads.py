@@ -116,8 +116,8 @@ class PrefixReads:
         """`HiCache.acquire_many` for checked arguments.
 
         Each request in order: match, pin, start the early copy of its large host block
-        (unless `deferred`), plan its load with the tree (patient for device
-        room, as `acquire` is); the planned loads start together, as one engine start, once
+        (unless `deferred`), plan its load with the tree (patient for device room, as
+        `acquire` is); the planned loads start together, as one engine start, once
         every request is planned. A request whose path holds nodes that a planned load fills
         starts and waits for those planned so far first, then matches again, so it finds
         them on the device as it would after one `acquire` each. With `deferred`, only the

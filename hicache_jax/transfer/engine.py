@@ -198,7 +198,8 @@ class TransferEngine(EngineSeams, EngineWarmup):
         """`(work, moves, landing, whole, fused)` of a plan that is not a whole load: its chunks
         per allocator, how each load chunk moves, a deferred load's landing, a one-program
         backup's key, a load's fused program if it is compiled (`PlanPrograms.ready_load`; else
-        the load moves per chunk); every program they need compiled (a compile error leaves both tiers as they were)."""
+        the load moves per chunk); every program they need compiled (a compile error leaves
+        both tiers as they were)."""
         work = []
         for batch in plan.batches:
             progs = self._programs.get(batch.allocator)
