@@ -67,20 +67,19 @@ Move = WholeBlock | EarlyCopy | Pieces
 def staging_calls(pieces) -> list[tuple[tuple, list[Piece]]]:
     """The calls that copy a chunk's host pieces into staging: `(program key, pieces)` with key
     `(h2d_many, log2 rows, count)` for 2 to `H2D_GROUP` pieces that are whole host blocks of
-    one size, else `(h2d, block rows, log2 rows)` for one piece (`(h2d, rows, log2 rows, 1)`
-    for a piece's early copy, already on the device). Their staging rows never overlap, so
-    the order of the calls does not matter."""
+    one size, else `(h2d, block rows, log2 rows)` for one piece; the same keys ending in 1
+    for pieces' early copies (already on the device: copied within it). Their staging rows
+    never overlap, so the order of the calls does not matter."""
     calls, whole = [], {}
     for p in pieces:
-        if p.copied:
-            calls.append(((Program.H2D, p.rows, p.log2_rows, 1), [p]))
-        elif block_rows(p.block) == p.rows:
-            whole.setdefault(p.log2_rows, []).append(p)
+        if p.copied or block_rows(p.block) == p.rows:
+            whole.setdefault((p.log2_rows, int(p.copied)), []).append(p)
         else:
             calls.append(((Program.H2D, block_rows(p.block), p.log2_rows), [p]))
-    for k, group in whole.items():
+    for (k, copied), group in whole.items():
+        on_device = (1,) if copied else ()
         for lo in range(0, len(group), H2D_GROUP):
             some = group[lo:lo + H2D_GROUP]
             key = (Program.H2D_MANY, k, len(some)) if len(some) > 1 else (Program.H2D, 1 << k, k)
-            calls.append((key, some))
+            calls.append((key + on_device, some))
     return calls

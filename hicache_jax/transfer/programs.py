@@ -63,7 +63,7 @@ class Program(enum.StrEnum):
     SLICE = "slice"             # (pages, log2 rows): a piece of packed rows
     LOAD_BLOCK = "load_block"   # (pages, on device): one whole block (or its device copy) -> pools
     H2D = "h2d"                 # (block rows, log2 rows[, on device]): rows of one block (or its copy) -> staging
-    H2D_MANY = "h2d_many"       # (log2 rows, count): that many whole blocks of one size -> staging
+    H2D_MANY = "h2d_many"       # (log2 rows, count[, on device]): that many whole blocks (or copies) -> staging
     UNPACK = "unpack"           # (pages,): scatter the staging rows into the pools
     TAKE = "take"               # (pages,): the first staging rows, to broadcast them
     READ = "read"               # (block rows, log2 rows): rows of one block to the device (L3, tests)
@@ -263,8 +263,9 @@ class AllocatorPrograms:
         args = (self._staging_spec(), block, self._index(1), self._index(1))
         return h2d, args, (0,), self._staged()
 
-    def _h2d_many(self, log2_rows: int, count: int):
+    def _h2d_many(self, log2_rows: int, count: int, copied: int = 0):
         size = 1 << log2_rows
+        block = self._staging_spec(size) if copied else self._host_example(size)
 
         def h2d_many(staging, blocks, dsts):
             for block, dst in zip(blocks, dsts):
@@ -272,8 +273,7 @@ class AllocatorPrograms:
                                 for s, b in zip(staging, block))
             return staging
 
-        args = (self._staging_spec(), tuple(self._host_example(size) for _ in range(count)),
-                tuple(self._index(1) for _ in range(count)))
+        args = (self._staging_spec(), (block,) * count, tuple(self._index(1) for _ in range(count)))
         return h2d_many, args, (0,), self._staged()
 
     def _read(self, block_rows: int, log2_rows: int):

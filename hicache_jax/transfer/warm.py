@@ -34,7 +34,8 @@ def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool
         else:
             keys.append((Program.LOAD_BLOCK, pages, 0))
             if early(pages):
-                keys += [(Program.COPY, pages), (Program.LOAD_BLOCK, pages, 1), (Program.H2D, pages, k, 1)]
+                keys += [(Program.COPY, pages), (Program.LOAD_BLOCK, pages, 1), (Program.H2D, pages, k, 1),
+                         *((Program.H2D_MANY, k, m, 1) for m in range(2, H2D_GROUP + 1) if m * pages <= limit)]
     return keys
 
 

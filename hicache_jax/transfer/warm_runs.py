@@ -55,9 +55,11 @@ class WarmRuns:
                 self._dispatch.set_staging(progs, run(self._dispatch.staging_buffer(progs), block,
                                                       ints.one(0), ints.one(0)))
                 return
-            case Program.H2D_MANY:     # key (log2 rows, count): that many zero blocks, all to row 0
+            case Program.H2D_MANY:     # key (log2 rows, count[, copied]): that many zero blocks, all to row 0
                 self._staged[a] = progs
                 blocks = tuple(self._block(a, 1 << pages) for _ in range(rest[0]))
+                if rest[1:] and rest[1]:        # from early copies
+                    blocks = tuple(progs.compiled(Program.COPY, 1 << pages)(b) for b in blocks)
                 self._dispatch.set_staging(progs, run(self._dispatch.staging_buffer(progs), blocks,
                                                       tuple(ints.one(0) for _ in blocks)))
                 return

@@ -158,8 +158,9 @@ def test_each_request_copies_its_block_before_the_next_is_planned(name):
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_without_fused_loads_each_copy_goes_into_staging_on_the_device(name):
     """With fused loads off (the default) the merged load moves through the staging buffer:
-    each request's early copy goes in by the on-device `h2d` (key ending in 1), and no anchor
-    block crosses the link a second time from the host."""
+    each request's early copy goes in by an on-device `h2d` or `h2d_many` (key ending in 1;
+    the two 2-page copies in one call), and no anchor block crosses the link a second time
+    from the host."""
     blocks = ([2, 3], [4], [5, 6])
     cache, d = make(name, transfer=hc.TransferConfig(early_copy_bytes=0, fuse_after=0))
     offload(d, list(blocks))
@@ -173,7 +174,7 @@ def test_without_fused_loads_each_copy_goes_into_staging_on_the_device(name):
     copies = [e for e in labels if e.startswith(anchor + ":copy[")]
     into_staging = [e for e in labels if e.startswith((anchor + ":h2d[", anchor + ":h2d_many["))]
     assert len(copies) == len(blocks), labels
-    assert len(into_staging) == len(blocks) and all(e.endswith(", 1]") for e in into_staging), labels
+    assert 1 <= len(into_staging) < len(blocks) and all(e.endswith(", 1]") for e in into_staging), labels
     unlock_all(cache, prefixes)
     assert_room_back(cache)
 

@@ -87,8 +87,9 @@ def test_cut_index_names_the_first_piece_of_each_size(seed):
 
 def test_whole_blocks_of_one_size_reach_staging_in_groups():
     """`staging_calls`: whole-block pieces of one size go up to H2D_GROUP per `h2d_many`
-    call, a lone one by `h2d`; a piece that is part of its block has a call of its own, and
-    so has an early device copy (`h2d` from the device). Every piece is in exactly one call."""
+    call, a lone one by `h2d`, and early device copies alike by the programs whose key ends
+    in 1 (from the device), never grouped with host blocks; a piece that is part of its
+    block has a call of its own. Every piece is in exactly one call."""
     from hicache_jax.transfer.moves import H2D_GROUP, Piece, staging_calls
     from hicache_jax.transfer.programs import Program
 
@@ -96,14 +97,16 @@ def test_whole_blocks_of_one_size_reach_staging_in_groups():
     whole1 = [Piece(block(1), 0, 0, 10 + i) for i in range(H2D_GROUP + 1)]
     whole4 = [Piece(block(4), 0, 2, 20), Piece(block(4), 0, 2, 24)]
     part = [Piece(block(8), 4, 2, 30), Piece(block(2), 0, 0, 34)]       # 4 rows of 8, 1 row of 2
-    copied = [Piece(block(1), 0, 0, 40, copied=True)]
+    copied = [Piece(block(1), 0, 0, 40, copied=True), Piece(block(4), 0, 2, 44, copied=True),
+              Piece(block(4), 0, 2, 48, copied=True)]
     pieces = whole1[:2] + part + whole4 + copied + whole1[2:]
     calls = staging_calls(pieces)
     assert sorted(id(p) for _, group in calls for p in group) == sorted(map(id, pieces))
     keys = sorted((tuple(key), len(group)) for key, group in calls)
     assert keys == sorted([((Program.H2D_MANY, 0, H2D_GROUP), H2D_GROUP), ((Program.H2D, 1, 0), 1),
                            ((Program.H2D_MANY, 2, 2), 2), ((Program.H2D, 8, 2), 1), ((Program.H2D, 2, 0), 1),
-                           ((Program.H2D, 1, 0, 1), 1)])      # the copy: already on the device
+                           ((Program.H2D, 1, 0, 1), 1), ((Program.H2D_MANY, 2, 2, 1), 2)])   # copies: on the device
     for key, group in calls:
         if key[0] is Program.H2D_MANY:
-            assert all(p.rows == 1 << key[1] == p.block[0].shape[0] and not p.copied for p in group)
+            assert all(p.rows == 1 << key[1] == p.block[0].shape[0] and p.copied == (key[3:] == (1,))
+                       for p in group)
