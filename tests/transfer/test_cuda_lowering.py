@@ -37,6 +37,38 @@ def for_cuda(fn, args, donate, outs):
     return traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
+KERNEL_PRIMITIVES = {"mpmd_map", "pallas_call"}      # a Mosaic GPU kernel's call, in a jaxpr
+
+
+def misaligned_kernel_inputs(fn, args) -> list[str]:
+    """The kernel inputs of `fn` that are a static slice of a larger array starting off a
+    256-byte boundary. XLA turns a slice of 256 bytes or more into a dynamic-slice fusion
+    that hands the kernel a pointer into the array, and a Mosaic GPU kernel refuses an input
+    that is not 256-byte aligned (a plan program's joined page index did, BENCHMARKS.md)."""
+    bad = []
+
+    def walk(jaxpr, offsets: dict) -> None:          # offsets: var -> bytes into the array it slices
+        for eqn in jaxpr.eqns:
+            name = eqn.primitive.name
+            if name == "slice" and (eqn.params["strides"] is None or set(eqn.params["strides"]) == {1}):
+                x, start, limit = eqn.invars[0].aval, eqn.params["start_indices"], eqn.params["limit_indices"]
+                if all(s == 0 and l == n for s, l, n in zip(start[1:], limit[1:], x.shape[1:])):   # contiguous
+                    step = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
+                    offsets[eqn.outvars[0]] = offsets.get(eqn.invars[0], 0) + start[0] * step
+            if name in KERNEL_PRIMITIVES:
+                bad.extend(f"{name} input {i}: {v.aval} at byte {offsets[v]}" for i, v in enumerate(eqn.invars)
+                           if offsets.get(v, 0) % 256)
+            for sub in eqn.params.values():
+                inner = getattr(sub, "jaxpr", sub)
+                if hasattr(inner, "eqns"):           # a call's body takes the call's arguments in order
+                    mapped = len(inner.invars) == len(eqn.invars)
+                    walk(inner, {iv: offsets[ov] for iv, ov in zip(inner.invars, eqn.invars)
+                                 if mapped and ov in offsets})
+
+    walk(jax.make_jaxpr(fn)(*args).jaxpr, {})
+    return bad
+
+
 def move_random_plans(t: Harness, seed: int) -> None:
     """Backups and loads of random pages (whole runs, pieces), each load shape twice so its
     fused program is compiled and used; then a run inside a block, copied early."""
@@ -79,7 +111,9 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
     lowered = {}
     for a in ran.allocators:
         for key in ran.engine._programs[a]._cache:
-            text = for_cuda(*gpu_engine._programs[a].build(*key))
+            built = gpu_engine._programs[a].build(*key)
+            text = for_cuda(*built)
+            assert not misaligned_kernel_inputs(*built[:2]), (a, key, misaligned_kernel_inputs(*built[:2]))
             lowered[f"{a}:{key[0]}{list(key[1:])}"] = text
             if key[0] in KERNEL_PROGRAMS:
                 assert "mosaic_gpu" in text, f"{a}:{key}: no Mosaic GPU kernel in the lowered program"
@@ -91,6 +125,7 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
         else:
             built = gpu_engine._plan_programs._build(backup, runs, Program.PACK if backup else Program.LOAD_BLOCK)
         lowered[label] = text = for_cuda(*built)
+        assert not misaligned_kernel_inputs(*built[:2]), (label, misaligned_kernel_inputs(*built[:2]))
         assert "mosaic_gpu" in text, f"{label}: no Mosaic GPU kernel in the lowered program"
         if label.startswith("plan:load_pieces"):
             # one kernel call per allocator and stored part, however many pieces: each call
@@ -106,3 +141,18 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
     for landing in gpu_engine.landing_examples():
         text = step.trace(pools, jnp.zeros(()), landing).lower(lowering_platforms=("cuda",)).as_text()
         assert "mosaic_gpu" in text and "pinned_host" in text
+
+
+def test_a_plan_program_whose_index_slices_start_off_256_bytes_is_caught(monkeypatch):
+    """The check above on the bug it pins: a backup of two allocators in one program, the
+    second allocator's 64 pages 8 bytes into the joined index (the layout before
+    `INDEX_ALIGN`), and the same program as built now."""
+    from hicache_jax.transfer import plan_programs
+    t = Harness("tiny_v4", None, "mosaic_gpu", 1)
+    runs = tuple((a, 2 if a == t.layout.anchor.name else 64) for a in sorted(t.allocators))
+    assert len(runs) == 2
+    build = lambda: t.engine._plan_programs._build(True, runs, Program.PACK)[:2]
+    assert not misaligned_kernel_inputs(*build())
+    monkeypatch.setattr(plan_programs, "INDEX_ALIGN", 1)
+    found = misaligned_kernel_inputs(*build())
+    assert found and all("at byte 8" in f for f in found), found
