@@ -125,7 +125,6 @@ class PrefixReads:
         requests' `Prefix.landing`."""
         out: list[Prefix | None] = [None] * len(seqs)
         planned: list[_Planned] = []
-        copy_early = not deferred
         for i, tokens in enumerate(seqs):
             m = self._core.match_prefix(tokens)
             if planned and self._core.loads_along(tokens) & {p.job.load_id for p in planned}:
@@ -137,7 +136,7 @@ class PrefixReads:
             if not (load_back and m.host_len):
                 out[i] = Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0)
                 continue
-            if copy_early:     # its large block copies while the next requests are planned
+            if not deferred:   # its large block copies while the next requests are planned
                 self._copy_early(m)
             job = self._core.start_load(m)
             self._data.flush_demotions()

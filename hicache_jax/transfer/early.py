@@ -12,8 +12,8 @@ the load's `start` (`take`, for every allocator), and the load unpacks it:
                        chunk, as a copied piece (`Piece.copied`, as below)
     rows of a block    `read(B, k)` of each power-of-two piece of a run inside a block; the
                        chunk's `Pieces` then name the copies (`Piece.copied`): the chunk's
-                       fused program takes them (`PlanPrograms.ready_load`), else each goes
-                       into the staging buffer by `h2d(rows, k, 1)`, a copy on the device
+                       fused program takes them (`PlanPrograms.ready_load`), else they go into
+                       the staging buffer by `h2d` / `h2d_many` from the device (keys ending in 1)
 
 A copy holds device memory until its load unpacks it; the next load's `take` drops every
 copy it does not use. Only pieces of at least `early_copy_bytes` are copied: on the H200 a

@@ -20,22 +20,24 @@ def chunk_keys(progs: AllocatorPrograms, limit: int, early: Callable[[int], bool
     """Program keys of chunks of up to `limit` pages: pack and unpack of each padded size,
     the pieces a backup cuts (`pack_cut` from 2 pages, and the `slice` of each smaller size), a
     whole-block load of each size (when `early(pages)`, also its early copy, the load from
-    it and its way into staging), the copies of any piece of any block up to that size (L3 reads too), and of
-    2 to `H2D_GROUP` whole blocks of one size at once."""
+    it and its way into staging, alone or 2 to `H2D_GROUP` at a time), the copies of any piece of
+    any block up to that size (L3 reads too), and of 2 to `H2D_GROUP` whole blocks of one
+    size at once."""
     keys = []
     for pages in pow2_upto(limit):
         k = pages.bit_length() - 1
+        many = [(Program.H2D_MANY, k, m) for m in range(2, H2D_GROUP + 1) if m * pages <= limit]
         keys += [(Program.PACK, pages), (Program.UNPACK, pages), *([(Program.PACK_CUT, pages)] if k >= 1 else []),
                  *((Program.SLICE, pages, j) for j in range(k)),
                  *((Program.H2D, pages, j) for j in range(k + 1)), *((Program.READ, pages, j) for j in range(k + 1)),
-                 *((Program.H2D_MANY, k, m) for m in range(2, H2D_GROUP + 1) if m * pages <= limit)]
+                 *many]
         if progs.broadcast_load:
             keys.append((Program.TAKE, pages))
         else:
             keys.append((Program.LOAD_BLOCK, pages, 0))
             if early(pages):
                 keys += [(Program.COPY, pages), (Program.LOAD_BLOCK, pages, 1), (Program.H2D, pages, k, 1),
-                         *((Program.H2D_MANY, k, m, 1) for m in range(2, H2D_GROUP + 1) if m * pages <= limit)]
+                         *(key + (1,) for key in many)]
     return keys
 
 

@@ -36,6 +36,7 @@ class WarmRuns:
 
     def chunk(self, progs: AllocatorPrograms, key: tuple) -> None:
         name, pages, *rest = key
+        copied = rest[1:] == [1]        # an h2d / h2d_many key ending in 1: from early copies
         a, ints = progs.fmt.allocator, self._dispatch.ints
         names = [s.name for s in progs.fmt.pools]
         pools = tuple(self.pools[n] for n in names)
@@ -50,7 +51,7 @@ class WarmRuns:
             case Program.H2D:      # over the staging buffer (donated): waited for as the buffer, at the end
                 self._staged[a] = progs
                 block = self._block(a, pages)
-                if rest[1:] and rest[1]:        # from an early copy
+                if copied:
                     block = progs.compiled(Program.COPY, pages)(block)
                 self._dispatch.set_staging(progs, run(self._dispatch.staging_buffer(progs), block,
                                                       ints.one(0), ints.one(0)))
@@ -58,7 +59,7 @@ class WarmRuns:
             case Program.H2D_MANY:     # key (log2 rows, count[, copied]): that many zero blocks, all to row 0
                 self._staged[a] = progs
                 blocks = tuple(self._block(a, 1 << pages) for _ in range(rest[0]))
-                if rest[1:] and rest[1]:        # from early copies
+                if copied:
                     blocks = tuple(progs.compiled(Program.COPY, 1 << pages)(b) for b in blocks)
                 self._dispatch.set_staging(progs, run(self._dispatch.staging_buffer(progs), blocks,
                                                       tuple(ints.one(0) for _ in blocks)))

@@ -113,7 +113,8 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
         for key in ran.engine._programs[a]._cache:
             built = gpu_engine._programs[a].build(*key)
             text = for_cuda(*built)
-            assert not misaligned_kernel_inputs(*built[:2]), (a, key, misaligned_kernel_inputs(*built[:2]))
+            bad = misaligned_kernel_inputs(*built[:2])
+            assert not bad, (a, key, bad)
             lowered[f"{a}:{key[0]}{list(key[1:])}"] = text
             if key[0] in KERNEL_PROGRAMS:
                 assert "mosaic_gpu" in text, f"{a}:{key}: no Mosaic GPU kernel in the lowered program"
@@ -125,7 +126,8 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
         else:
             built = gpu_engine._plan_programs._build(backup, runs, Program.PACK if backup else Program.LOAD_BLOCK)
         lowered[label] = text = for_cuda(*built)
-        assert not misaligned_kernel_inputs(*built[:2]), (label, misaligned_kernel_inputs(*built[:2]))
+        bad = misaligned_kernel_inputs(*built[:2])
+        assert not bad, (label, bad)
         assert "mosaic_gpu" in text, f"{label}: no Mosaic GPU kernel in the lowered program"
         if label.startswith("plan:load_pieces"):
             # one kernel call per allocator and stored part, however many pieces: each call
