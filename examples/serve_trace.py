@@ -87,6 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="eager: admit a request when its first chunk fits (the newest are preempted as the "
                          "device fills); reserve: when the device can hold all of its pages beside what the "
                          "running ones will still take (fewer at once, no preemption)" + d)
+    ap.add_argument("--schedule-ahead", action="store_true",
+                    help="schedule each step (admissions, acquires, loads) while the device computes the one "
+                         "before; the step computes every slot, spare slots on one more device page "
+                         "(examples/batching/loop.py)")
     ap.add_argument("--fuse-after", type=int, default=hc.TransferConfig().fuse_after, metavar="N",
                     help="HiCache run: compile a load shape's one program at its N-th sighting, 0: never "
                          "(TransferConfig.fuse_after)" + d)
@@ -200,12 +204,13 @@ def main(argv=None) -> int:
     transfer = hc.TransferConfig(kernels=args.kernels, fuse_after=args.fuse_after)
     load_cost = None if args.recompute_us_per_token is None else (args.recompute_us_per_token * 1e-6,
                                                                   args.load_overhead_us * 1e-6)
-    caches = {kind: make_cache(kind, layout, args.device_pages, args.host_pages, args.write_policy, transfer,
-                               load_cost) for kind in CacheKind}
+    pages = args.device_pages + args.schedule_ahead       # the trash page of a step computing every slot
+    caches = {kind: make_cache(kind, layout, pages, args.host_pages, args.write_policy, transfer, load_cost)
+              for kind in CacheKind}
     say(args, "compiling the transfer programs and the batched step (a one-off) ...")
     caches[CacheKind.HICACHE].warmup()    # every chunk size: a step's backups merge many requests' pages
     for cache in caches.values():
-        warm_up(model, cache, B, rows)
+        warm_up(model, cache, B, rows, every_slot=args.schedule_ahead)
     alone_pools = caches[CacheKind.HICACHE].empty_device_pools()   # for the check: same shapes, same program
     gc_pauses.settle()                    # the collector walks none of what warm-up made
     say(args, f"  ready in {time.perf_counter() - t0:.1f} s")
@@ -213,9 +218,9 @@ def main(argv=None) -> int:
     runs = {}
     for kind, cache in caches.items():
         runs[kind.value] = serve(jobs, model, CacheCalls(kind, cache, args.policy), B, sample, not args.quiet,
-                                 args.admission)
+                                 args.admission, ahead=args.schedule_ahead)
     gc_pauses.unsettle()
-    result = check(model, alone_pools, jobs, runs, sample, B)
+    result = check(model, alone_pools, jobs, runs, sample, B, (pages - 1, pages - 1) if args.schedule_ahead else None)
     summaries = {name: summarize(run) for name, run in runs.items()}
     if compiles.count:
         print(f"compiled while serving: {', '.join(compiles.names)}", file=sys.stderr)
@@ -249,7 +254,8 @@ def main(argv=None) -> int:
         "device_pages": args.device_pages, "host_pages": args.host_pages, "max_pages": args.max_pages,
         "chunk": model.chunk_size, "time_scale": args.time_scale, "max_input_tokens": args.max_input_tokens,
         "max_output_tokens": args.max_output_tokens, "write_policy": args.write_policy,
-        "window_policy": args.policy.name, "admission": args.admission, "fuse_after": transfer.fuse_after,
+        "window_policy": args.policy.name, "admission": args.admission,
+        "schedule_ahead": args.schedule_ahead, "fuse_after": transfer.fuse_after,
         "recompute_us_per_token": args.recompute_us_per_token, "load_overhead_us": args.load_overhead_us,
         "kernels": kernels,
         "platform": jax.devices()[0].platform, "jax": jax.__version__,

@@ -2,7 +2,8 @@
 
 Alone means: the request's whole token history (prompt, then the tokens it generated)
 computed from position 0 on pools nothing else uses, through the same batched program
-with only slot 0 computed, chunk by chunk, decode growing `valid` by one, logical page q
+as the runs with only slot 0 in the batch (the others on a trash page when it computes
+every slot), chunk by chunk, decode growing `valid` by one, logical page q
 on device page q. Every generated token and every logits row behind it must equal, bit
 for bit, what each run produced for that request, wherever its prefix came from there
 (device, host, recomputed after a preemption) and whatever it was batched with. All
@@ -41,29 +42,34 @@ def sample_indices(jobs: list[Job], n: int) -> frozenset[int]:
     return frozenset(jobs[i].index for i in picks)
 
 
-def recompute_alone(model, pools, job: Job, max_batch: int, sample_rows: int):
-    """(pools, Sequence) of `job` computed alone (module docstring); pools are donated."""
+def recompute_alone(model, pools, job: Job, max_batch: int, sample_rows: int, trash: tuple[int, int] | None = None):
+    """(pools, Sequence) of `job` computed alone (module docstring); pools are donated.
+    `trash`: the step computes every slot, spare ones on these (anchor, SWA) pages."""
     seq = Sequence(job)
     n = job.pages(model.page_size)
     seq.place(Placement(list(range(n)), {q: q for q in range(n)}, [], 0, None), 0)
     rows = np.zeros(sample_rows, np.int32)
     while not seq.finished:
-        slots = pack([seq], max_batch, model.chunk_size, model.max_pages)
-        pools, logits = model.forward_batch(pools, slots)
+        slots = pack([seq], max_batch, model.chunk_size, model.max_pages, trash or (0, 0))
+        pools, logits = model.forward_batch(pools, slots, every_slot=trash is not None)
         tokens, digests, kept = pick(logits, rows)
         if seq.advance(model.chunk_size):
-            seq.add_token(int(np.asarray(tokens)[0]), int(np.asarray(digests)[0]), np.asarray(kept)[0])
+            seq.expect_token()
+            seq.set_token(int(np.asarray(tokens)[0]), int(np.asarray(digests)[0]), np.asarray(kept)[0])
     return pools, seq
 
 
-def check(model, pools, jobs: list[Job], runs: dict[str, Run], sample: frozenset[int], max_batch: int) -> CheckResult:
+def check(model, pools, jobs: list[Job], runs: dict[str, Run], sample: frozenset[int], max_batch: int,
+          trash: tuple[int, int] | None = None) -> CheckResult:
     """Recompute `sample` alone on `pools` (zero-filled or not: nothing is read before it is
-    written) and compare with every run; compare all requests across runs."""
+    written) and compare with every run; compare all requests across runs. `trash`: the
+    runs' step computed every slot; spare slots go on these pages of `pools`, past the
+    request's own."""
     alone_bad: list[str] = []
     by_index = {name: {s.job.index: s for s in run.sequences} for name, run in runs.items()}
     rows = max(1, min(len(sample), max_batch))
     for job in (j for j in jobs if j.index in sample):
-        pools, alone = recompute_alone(model, pools, job, max_batch, rows)
+        pools, alone = recompute_alone(model, pools, job, max_batch, rows, trash)
         for name in runs:
             got = by_index[name][job.index]
             if got.tokens != alone.tokens:

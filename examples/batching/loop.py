@@ -16,6 +16,21 @@ its step, so:
 
 The clock is wall time where the loop works and the trace's time where it would be idle,
 so a run is as fast as the machine and as loaded as the trace (and `--time-scale`) make it.
+
+A step's work comes in one of two orders:
+
+    in turn   schedule; queue the step; `cache.step()`; record its chunks
+              (`Scheduler.dispatched`); fetch its tokens (waits for the device)
+    ahead     schedule; fetch the step before's tokens (waits); queue this step;
+              `cache.step()`; record its chunks
+
+`ahead` schedules step N + 1 (growing, preempting, admitting: the acquires and the loads
+they start) while the device computes step N, as SGLang's overlap scheduler does. What the
+schedule needs from step N is which sequences finish, known from lengths, not from token
+values; only packing reads the tokens, and it comes after the fetch. The step then
+computes every slot (`forward_batch(every_slot=True)`, slots past the batch on a trash
+page held for the run), so queueing it does not hold the host until the device is done,
+as the traced loop's bound does on a GPU. Tokens are stamped when fetched, in both orders.
 """
 from __future__ import annotations
 
@@ -87,14 +102,14 @@ class Run:
 
 
 def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: frozenset[int] = frozenset(),
-          progress: bool = True, admission: str = "eager") -> Run:
+          progress: bool = True, admission: str = "eager", ahead: bool = False) -> Run:
     """Serve `jobs` (in arrival order) through `calls` with `model.forward_batch` on `max_batch`
     slots. `sample`: job indices whose full logits rows are kept (for the identity check);
-    `admission`: the scheduler's (`Scheduler`: "eager" or "reserve").
-    The cache's pools must have had the step compiled on them (warm-up)."""
+    `admission`: the scheduler's (`Scheduler`: "eager" or "reserve"); `ahead`: schedule each
+    step while the device computes the one before (module docstring). The cache's pools must
+    have had the step compiled on them (`warm_up`, with the same `ahead`)."""
     sched = Scheduler(calls, model.chunk_size, max_batch, admission)
-    C, M = model.chunk_size, model.max_pages
-    rows = np.zeros(min(len(sample), max_batch), np.int32)
+    C, M, rows = model.chunk_size, model.max_pages, min(len(sample), max_batch)
     pending = collections.deque(jobs)
     seqs: list[Sequence] = []
     steps: list[StepRecord] = []
@@ -104,49 +119,67 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
     compiles = hc.CompileCounter()
     gc0 = gc_pauses.spent(), gc_pauses.full_passes()
     program_calls = collections.Counter()
+    trash = hold_trash(calls.cache) if ahead else (0, 0)
 
     def count(label, program, *args):             # the cache's transfer programs, by kind
         program_calls[label.split("[")[0]] += 1
         return program(*args)
+
+    def queue(batch):                             # the step of `batch`, queued: (sampled slots, its picks)
+        slots = pack(batch, max_batch, C, M, trash)
+        pools, logits = model.forward_batch(calls.cache.device_pools, slots, every_slot=ahead)
+        calls.cache.set_device_pools(pools)
+        wanted = [i for i, s in enumerate(batch) if slots.logits[i] and s.job.index in sample]
+        return wanted, pick(logits, np.asarray(wanted + [0] * (rows - len(wanted)), np.int32))
+
+    def fetch(step):                              # waits for the step; its tokens go to their sequences
+        expected, (wanted, (tokens, digests, kept)) = step
+        kept = dict(zip(wanted, np.asarray(kept))) if wanted else None
+        return Scheduler.deliver(expected, np.asarray(tokens), np.asarray(digests), kept)
+
     calls.cache.on_program_call(count)
     cache_phases = calls.cache.time_phases()      # where the schedule's cache calls spend their time
-    while pending or sched.busy:
+    in_flight = None                              # (expected tokens, queued step) not fetched yet
+    while pending or sched.busy or in_flight:
         calls0 = sum(program_calls.values())
         cache0 = cache_phases.get("dispatch", 0.0), cache_phases.get("wait", 0.0)
-        if not sched.busy:
+        if not sched.busy and in_flight is None:
             clock = max(clock, pending[0].arrival_s)        # idle: the next arrival comes
         while pending and pending[0].arrival_s <= clock:
             seqs.append(sched.arrive(pending.popleft()))
         t0 = time.perf_counter()
         batch = sched.schedule()
-        slots = pack(batch, max_batch, C, M)
         t1 = time.perf_counter()
-        pools, logits = model.forward_batch(calls.cache.device_pools, slots)
-        calls.cache.set_device_pools(pools)
-        wanted = [i for i, s in enumerate(batch) if slots.logits[i] and s.job.index in sample]
-        rows[: len(wanted)] = wanted
-        tokens, digests, kept = pick(logits, rows)
+        got = []
+        if ahead and in_flight:
+            got, in_flight = fetch(in_flight), None
         t2 = time.perf_counter()
-        calls.step()              # the last step's backups dispatch while the device runs this one
+        queued = queue(batch) if batch else None
         t3 = time.perf_counter()
-        tokens, digests = np.asarray(tokens), np.asarray(digests)    # waits for the step
-        kept = dict(zip(wanted, np.asarray(kept))) if wanted else None
+        calls.step()              # backups dispatch while the device runs the step
         t4 = time.perf_counter()
-        got = sched.advance(batch, tokens, digests, kept)
+        if batch:
+            in_flight = sched.dispatched(batch), queued
         t5 = time.perf_counter()
-        dt = t5 - t0
-        parts = (t3 - t2, t1 - t0, t2 - t1 + t4 - t3, t5 - t4)
+        if not ahead and in_flight:
+            got, in_flight = fetch(in_flight), None
+        t6 = time.perf_counter()
+        fetch_s, dt = t2 - t1 + t6 - t5, t6 - t0
+        parts = (t4 - t3, t1 - t0, t3 - t2 + fetch_s, t5 - t4)
         for phase, spent in zip(PHASES, parts):
             phases[phase] += spent
-        clock += dt
+        fetched = clock + (t2 - t0 if ahead else dt)
         for seq in got:
-            seq.token_times.append(clock)
+            seq.token_times.append(fetched)
+        clock += dt
         done += sum(s.finished for s in got)
-        steps.append(StepRecord(clock, dt, len(batch), len(got), parts, t4 - t3, sum(program_calls.values()) - calls0,
+        steps.append(StepRecord(clock, dt, len(batch), len(got), parts, fetch_s, sum(program_calls.values()) - calls0,
                                 cache_phases.get("dispatch", 0.0) - cache0[0], cache_phases.get("wait", 0.0) - cache0[1]))
         bar.update(done, len(sched.running), len(sched.waiting) + len(pending), clock)
     bar.update(done, 0, 0, clock, force=True)
     bar.close()
+    if ahead:
+        free_trash(calls.cache, trash)
     calls.cache.drain()
     calls.cache.on_program_call(None)
     calls.cache.check_invariants()
@@ -157,13 +190,32 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
                gc_pauses.full_passes() - gc0[1])
 
 
-def warm_up(model, cache: hc.HiCache, max_batch: int, sample_rows: int) -> None:
+def hold_trash(cache: hc.HiCache) -> tuple[int, int]:
+    """(anchor page, SWA page or 0) held from `cache` for the slots past a batch to write."""
+    swa = cache.swa_allocator
+    got = cache.alloc(1, 1 if swa else 0)
+    if got is None:
+        raise RuntimeError("no device page is left for the trash page of a step that computes every slot")
+    return int(got[cache.anchor][0]), int(got[swa][0]) if swa else 0
+
+
+def free_trash(cache: hc.HiCache, trash: tuple[int, int]) -> None:
+    cache.free(cache.anchor, [trash[0]])
+    if cache.swa_allocator:
+        cache.free(cache.swa_allocator, [trash[1]])
+
+
+def warm_up(model, cache: hc.HiCache, max_batch: int, sample_rows: int, every_slot: bool = False) -> None:
     """Compile the batched step on `cache`'s pools and `pick` for this batch size, before
-    anything is timed: one step with no slot computed writes nothing. Its picks are fetched
-    to the host as serving fetches them (a GPU's first device-to-host copy sets itself up)."""
+    anything is timed: one step with no slot computed writes nothing (`every_slot`: the step
+    that computes every slot, writing a trash page). Its picks are fetched to the host as
+    serving fetches them (a GPU's first device-to-host copy sets itself up)."""
     C, M = model.chunk_size, model.max_pages
-    empty = pack([], max_batch, C, M)
-    pools, logits = model.forward_batch(cache.device_pools, empty)
+    trash = hold_trash(cache) if every_slot else (0, 0)
+    empty = pack([], max_batch, C, M, trash)
+    pools, logits = model.forward_batch(cache.device_pools, empty, every_slot=every_slot)
     for out in pick(logits, np.zeros(sample_rows, np.int32)):
         np.asarray(out)
     cache.set_device_pools(pools)
+    if every_slot:
+        free_trash(cache, trash)

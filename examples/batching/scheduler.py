@@ -28,12 +28,18 @@ Continuous batching over at most `max_batch` slots. Each step, before the model 
    for nothing (and may have loaded its prefix back, which then waits on device as a
    device hit).
 
-After the step, `advance` records each sequence's chunk and token; a sequence that has all
-its tokens leaves (`insert`). No policy looks at the trace's future.
+Once the step is queued, `dispatched` records each sequence's chunk; a chunk that reaches
+the last known token expects a token (`Sequence.expect_token`), and a sequence that then
+has all its tokens leaves (`insert`: its pages never hold the token still on its way).
+`deliver` fills in the tokens once fetched; `advance` does both, for a loop that fetches
+before it schedules again. A loop that schedules the next step first (`loop.serve`'s
+`ahead`) admits no sequence whose token is still pending: with FIFO order, admission
+stops there for the step. No policy looks at the trace's future.
 """
 from __future__ import annotations
 
 import collections
+import itertools
 
 from examples.batching.modes import CacheCalls
 from examples.batching.sequence import Sequence
@@ -72,19 +78,31 @@ class Scheduler:
         return list(self.running)
 
     def advance(self, batch: list[Sequence], tokens, digests, logits: dict | None) -> list[Sequence]:
-        """After the step: sequence i of `batch` computed its chunk; those that reached their
-        last known token get tokens[i] (with digests[i], and logits[i], f32[vocab], when
-        `logits` has it). The finished ones leave. Returns the sequences that got a token."""
+        """`dispatched`, then `deliver`: the step is done and its tokens are here."""
+        return self.deliver(self.dispatched(batch), tokens, digests, logits)
+
+    def dispatched(self, batch: list[Sequence]) -> list[tuple[int, Sequence]]:
+        """The step computing `batch` is queued: sequence i computed its chunk; those that
+        reached their last known token expect a token; the finished ones leave. Returns
+        (slot, sequence) of each expected token, for `deliver`."""
         got = []
         for i, seq in enumerate(batch):
             if seq.advance(self.chunk):
-                seq.add_token(tokens[i], digests[i], None if logits is None else logits.get(i))
-                got.append(seq)
+                seq.expect_token()
+                got.append((i, seq))
         for seq in [s for s in batch if s.finished]:
             self.running.remove(seq)
             self.calls.release(seq)
             self._blocked = False
         return got
+
+    @staticmethod
+    def deliver(got: list[tuple[int, Sequence]], tokens, digests, logits: dict | None) -> list[Sequence]:
+        """The expected tokens arrived: the sequence of slot i gets tokens[i] (with
+        digests[i], and logits[i], f32[vocab], when `logits` has it). Returns the sequences."""
+        for i, seq in got:
+            seq.set_token(tokens[i], digests[i], None if logits is None else logits.get(i))
+        return [seq for _, seq in got]
 
     # -- internals -------------------------------------------------------------------------------
     def _grow(self) -> None:
@@ -118,7 +136,9 @@ class Scheduler:
         free = self.max_batch - len(self.running)
         if free <= 0 or not self.waiting or (self._blocked and self.running):
             return
-        candidates = list(self.waiting)[:free]
+        candidates = list(itertools.takewhile(lambda s: not s.pending, list(self.waiting)[:free]))
+        if not candidates:                      # the head's token is on its way (module docstring)
+            return
         prefixes = self.calls.acquire([s.token_ids() for s in candidates])
         spare = self._spare()
         for k, (seq, prefix) in enumerate(zip(candidates, prefixes, strict=True)):

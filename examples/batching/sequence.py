@@ -13,6 +13,12 @@ pages) and the chunk is up to C new positions. Decode: every known token but the
 was computed (`computed` = known - 1), and the chunk holding it is recomputed with `valid`
 one larger. A chunk that reaches the last known token yields the next token.
 
+A loop that queues the next step before fetching this one's tokens knows a token is coming
+before it knows its value: `expect_token` counts it as known at once (a placeholder), and
+`set_token` fills it in. Until then nothing may read it: it is past every computed
+position, so the pages given to the cache never hold it, and the next chunk is packed
+after it is filled.
+
 Placement (pages, lock, prefix) belongs to one admission: preemption drops it
 (`unplace`), and the sequence is placed again, from whatever prefix the cache then has,
 when it is admitted again. What it generated stays.
@@ -26,6 +32,7 @@ import numpy as np
 from examples.batching.workload import Job
 
 TIERS = ("device", "host", "storage")       # where a prefix's tokens were found
+PENDING = -1                                # a token expected and not fetched yet (`expect_token`)
 
 
 @dataclasses.dataclass
@@ -65,8 +72,15 @@ class Sequence:
         """i32[known]: the prompt, then the generated tokens."""
         return np.concatenate([self.job.prompt, np.asarray(self.tokens, np.int32)]).astype(np.int32)
 
+    @property
+    def pending(self) -> bool:
+        """A token is expected and not fetched yet (module docstring)."""
+        return bool(self.tokens) and self.tokens[-1] == PENDING
+
     def ids(self, start: int, end: int) -> np.ndarray:
         """i32[end - start]: the known tokens start .. end - 1."""
+        if self.pending and end == self.known:
+            raise AssertionError(f"bug: request {self.job.index}'s last token read before it was fetched")
         n = len(self.job.prompt)
         if end <= n:
             return self.job.prompt[start:end]
@@ -93,9 +107,18 @@ class Sequence:
         self.computed = end
         return end == self.known
 
-    def add_token(self, token: int, digest: int, logits: np.ndarray | None) -> None:
-        self.tokens.append(int(token))
-        self.digests.append(int(digest))
+    def expect_token(self) -> None:
+        """The chunk just queued yields a token: it counts as known now (module docstring)."""
+        if self.pending:
+            raise AssertionError(f"bug: request {self.job.index} expects a token while one is pending")
+        self.tokens.append(PENDING)
+        self.digests.append(0)
+
+    def set_token(self, token: int, digest: int, logits: np.ndarray | None) -> None:
+        """The expected token's value, the digest of its logits and (sampled requests) the logits."""
+        if not self.pending:
+            raise AssertionError(f"bug: request {self.job.index} got a token it did not expect")
+        self.tokens[-1], self.digests[-1] = int(token), int(digest)
         if logits is not None:
             self.logits.append(logits)
 

@@ -2,7 +2,8 @@
 
 `pack` puts the running sequences, oldest first, into slots 0 .. n - 1 of a `SlotBatch`
 of fixed shape (max_batch slots, the model's chunk and page table), so every step runs
-the one program compiled at warm-up. Slots past n are not computed.
+the one program compiled at warm-up. Slots past n are not computed, or, for a step that
+computes every slot (`forward_batch(every_slot=True)`), computed on the `trash` pages.
 
 `pick` (jitted once) takes the step's logits f32[B, vocab] to what the loop fetches:
 the greedy tokens, a digest of each row, and the full rows of the slots named in
@@ -24,14 +25,16 @@ from examples.batching.sequence import Sequence
 from examples.tiny_models.base import SlotBatch
 
 
-def pack(batch: list[Sequence], max_batch: int, chunk_size: int, max_pages: int) -> SlotBatch:
-    """The `SlotBatch` of one step: sequence i of `batch` in slot i (module docstring)."""
+def pack(batch: list[Sequence], max_batch: int, chunk_size: int, max_pages: int,
+         trash: tuple[int, int] = (0, 0)) -> SlotBatch:
+    """The `SlotBatch` of one step: sequence i of `batch` in slot i (module docstring);
+    `trash`: (anchor page, SWA page) every table of a slot past the batch names."""
     if len(batch) > max_batch:
         raise AssertionError(f"bug: {len(batch)} sequences scheduled for {max_batch} slots")
     B, C, M = max_batch, chunk_size, max_pages
     tokens = np.zeros((B, C), np.int32)
     start, valid = np.zeros(B, np.int32), np.ones(B, np.int32)
-    anchor, swa = np.zeros((B, M), np.int32), np.zeros((B, M), np.int32)
+    anchor, swa = np.full((B, M), trash[0], np.int32), np.full((B, M), trash[1], np.int32)
     logits = np.zeros(B, np.bool_)
     for i, seq in enumerate(batch):
         s, e = seq.next_chunk(C)

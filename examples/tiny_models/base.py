@@ -23,7 +23,8 @@ A batched serving loop runs several sequences in one program:
 runs slots 0 .. count - 1 one after the other, each the per-sequence chunk above on its
 own tokens, start, valid and page tables, with the pools threaded through, and returns
 f32[B, vocab] (the last valid row's logits per slot; rows >= count are zero and those slots
-write nothing). A slot is the same computation whatever the other slots hold and whichever
+write nothing). With `every_slot=True` all B slots run, those past count on the pages
+their tables name (a trash page), and nothing in the program waits on `count`. A slot is the same computation whatever the other slots hold and whichever
 slot it is in, so a sequence gets the same bits in a full batch as alone (count = 1).
 Slots run one after another rather than as one [B x chunk_size]-row computation: wider
 matmuls round differently, and a token's bits must not depend on what it was batched with.
@@ -32,6 +33,7 @@ step takes no landing: its host hits are loaded before it (see examples/batching
 """
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import jax
@@ -130,7 +132,7 @@ class ChunkModel:
         pools, logits, _ = self._call(pools, anchor_pages, swa_pages, tokens, start, valid, True)
         return pools, logits
 
-    def forward_batch(self, pools, slots: SlotBatch):
+    def forward_batch(self, pools, slots: SlotBatch, every_slot: bool = False):
         """(pools, logits f32[B, vocab]): slots 0 .. count - 1 of `slots`, one after the other.
 
         Slot i runs the per-sequence chunk (`_forward`, what `forward_chunk` runs) on its
@@ -146,13 +148,21 @@ class ChunkModel:
         write different pages (they are different sequences; shared prefix pages are only
         read). `pools` are donated. Numpy rows of computed slots are range-checked like
         `forward_chunk`'s arguments; jax arrays pass unchecked (that would need a device sync).
+
+        `every_slot=True` (another program) computes all B slots in a loop of fixed trip
+        count, so the host has control back once the step is queued: on a GPU the traced
+        loop's bound is read on the host every slot, which holds the caller until the step is
+        done. Slots >= count then run on whatever their rows hold and write the pages their
+        tables name: the caller points them at a trash page no sequence reads (`pack`'s
+        `trash`). Their logits are zero, and every computed slot's bits are as above.
         """
         check_pools(self.layout, pools)
         slots = self._checked_slots(slots)
-        if self._batch_key not in _BATCH_STEPS:
-            _BATCH_STEPS[self._batch_key] = jax.jit(self._forward_batch, donate_argnums=(1,),
-                                                     compiler_options=step_compiler_options())
-        return _BATCH_STEPS[self._batch_key](self.params, dict(pools), slots)
+        key = (self._batch_key, bool(every_slot))
+        if key not in _BATCH_STEPS:
+            _BATCH_STEPS[key] = jax.jit(functools.partial(self._forward_batch, every_slot=bool(every_slot)),
+                                        donate_argnums=(1,), compiler_options=step_compiler_options())
+        return _BATCH_STEPS[key](self.params, dict(pools), slots)
 
     def pool_shapes(self, num_anchor_pages: int, num_swa_pages: int) -> dict[str, tuple[tuple[int, ...], str]]:
         """{pool name: (shape, dtype)} of the pool arrays this model expects."""
@@ -178,18 +188,23 @@ class ChunkModel:
         last = jax.lax.dynamic_index_in_dim(logits, valid - 1, axis=0, keepdims=False)
         return pools, logits, last
 
-    def _forward_batch(self, params, pools, slots: SlotBatch):
+    def _forward_batch(self, params, pools, slots: SlotBatch, every_slot: bool = False):
         # a fori_loop with a traced bound, not a scan with a masked body: slots past `count`
         # cost nothing, and the body is the per-sequence `_forward` itself (no landing), so a
-        # slot is the same computation as in any other batch or alone
+        # slot is the same computation as in any other batch or alone. `every_slot`: the
+        # bound is B and slots past `count` get zero logits (forward_batch)
         def body(i, carry):
             pools, out = carry
             pools, _, last = self._forward(params, pools, slots.anchor_pages[i], slots.swa_pages[i],
                                            slots.tokens[i], slots.start[i], slots.valid[i], slots.logits[i], None)
-            return pools, jax.lax.dynamic_update_index_in_dim(out, last.astype(jnp.float32), i, 0)
+            last = last.astype(jnp.float32)
+            if every_slot:
+                last = jnp.where(i < slots.count, last, jnp.zeros_like(last))
+            return pools, jax.lax.dynamic_update_index_in_dim(out, last, i, 0)
 
-        out = jnp.zeros((slots.tokens.shape[0], self.vocab_size), jnp.float32)
-        return jax.lax.fori_loop(0, slots.count, body, (pools, out))
+        B = slots.tokens.shape[0]
+        out = jnp.zeros((B, self.vocab_size), jnp.float32)
+        return jax.lax.fori_loop(0, B if every_slot else slots.count, body, (pools, out))
 
     def _checked_slots(self, slots) -> SlotBatch:
         if not isinstance(slots, SlotBatch):

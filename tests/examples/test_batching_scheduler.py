@@ -120,3 +120,29 @@ def test_reserving_admission_takes_only_what_can_finish_and_never_preempts():
 def test_an_unknown_admission_is_refused_by_name():
     with pytest.raises(ValueError, match="admission must be one of .*'greedy'"):
         Scheduler(CountingCalls(CacheKind.NO_CACHE, PageCounter(4), None), C, max_batch=2, admission="greedy")
+
+
+def test_scheduled_ahead_a_preempted_sequence_waits_for_its_token_and_finished_ones_leave_before_theirs():
+    """The loop's `ahead` order: step N + 1 is scheduled between `dispatched` (N queued) and
+    `deliver` (N's tokens fetched). Three requests on 6 pages, a fourth waiting: the newest is
+    preempted while its first token is on the way; it heads the queue and nothing is admitted
+    (no `acquire`) until the token arrives. A finished sequence gives its pages back before its
+    last token arrives. Every token ends where it belongs."""
+    cache = PageCounter(6)
+    sched = Scheduler(CountingCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3, admission="eager")
+    seqs = [sched.arrive(j) for j in jobs(4)]
+    in_flight, trail = None, []
+    while sched.busy or in_flight:
+        batch = sched.schedule()
+        head = sched.waiting[0] if sched.waiting else None
+        trail.append(([s.job.index for s in batch], cache.acquires, head and (head.job.index, head.pending)))
+        if in_flight:
+            Scheduler.deliver(in_flight, np.arange(3) + 10 * len(trail), np.zeros(3, np.uint32), None)
+        in_flight = sched.dispatched(batch) if batch else None
+        if any(s.finished for s in batch):          # left before its token arrived: pages back already
+            assert all(s not in sched.running and s.pending for s in batch if s.finished)
+    assert trail[:3] == [([0, 1, 2], 1, (3, False)), ([0, 1, 2], 1, (3, False)),
+                         ([0, 1], 1, (2, True))]    # 2 preempted with its token on the way: not asked
+    assert trail[3][1] == 2                         # asked once its token is in
+    assert all(len(s.tokens) == 4 and not s.pending and min(s.tokens) >= 10 for s in seqs)
+    assert len(cache.free_pages) == 6

@@ -106,8 +106,8 @@ def test_the_conversation_trace_on_the_cpu(capsys, tmp_path):
 @pytest.mark.slow
 def test_a_trace_it_has_not_seen_and_more_requests_compile_nothing(capsys, tmp_path):
     """Shared system prompt, multi-turn extensions: later turns find their conversation's
-    pages on the host (evicted by the others). Six requests, then all eighteen: nothing
-    compiles while serving either way."""
+    pages on the host (evicted by the others). Six requests, then all eighteen, scheduled
+    ahead: nothing compiles while serving either way."""
     trace = conversation_trace(tmp_path / "conversations.jsonl")
     common = ["--trace", str(trace), "--config", str(CONFIGS / "tiny_v4.json"), "--max-input-tokens", "2048",
               "--max-output-tokens", "4", "--max-batch", "4", "--device-pages", "20"]
@@ -123,10 +123,13 @@ def test_a_trace_it_has_not_seen_and_more_requests_compile_nothing(capsys, tmp_p
     assert few["kernels"] == "reference"
     assert few["fuse_after"] == 0 and few["runs"]["hicache"]["background_compiles"] == 0
     assert few["runs"]["hicache"]["fused_loads"] == 0 and few["runs"]["hicache"]["program_calls"]
+    # all eighteen, each step scheduled while the device computes the one before (a step that
+    # computes every slot: another program, compiled at warm-up), the same bits as alone
     png = tmp_path / "conversations.png"
-    code, result = run(capsys, *common, "--plot", str(png))
-    assert code == 0
+    code, result = run(capsys, *common, "--plot", str(png), "--schedule-ahead")
+    assert code == 0 and result["schedule_ahead"] is True
     assert_served_well(result, 18)
+    assert result["runs"]["hicache"]["preemptions"] > 0
     hi = result["runs"]["hicache"]
     assert hi["hit_tokens"]["host"] > hi["resume_hit_tokens"]["host"]     # found by later turns, not only resumes
     assert hi["hit_tokens"]["device"] > 0

@@ -19,6 +19,7 @@ from examples.tiny_models import SlotBatch, make_model
 MAX_PAGES, POOL_PAGES, B = 4, 13, 4
 LENGTHS = (300, 520, 70)      # prompt tokens of the three sequences (decode runs on after)
 DECODE = 3                    # tokens decoded per sequence, by growing valid
+TRASH = (12, 0)               # (anchor, SWA) page no sequence's table names (`tables`)
 
 
 @pytest.fixture(scope="module", params=["tiny_v4", "tiny_v41", "tiny_gqa", "tiny_gemma3"])
@@ -66,9 +67,10 @@ def chunk_tokens(model, stream, start, valid, pad_seed):
     return t
 
 
-def run_batch(model, pools, members, steps):
+def run_batch(model, pools, members, steps, every_slot=False):
     """Run `steps` batched steps of the sequences `members` (ids), packed into the first
-    slots in an order that rotates every step. Returns (pools, {id: [logits per call]})."""
+    slots in an order that rotates every step. Returns (pools, {id: [logits per call]}).
+    `every_slot`: the step that computes every slot, the spare ones on the TRASH pages."""
     seqs = streams(model)
     calls = {k: schedule(model, LENGTHS[k]) for k in members}
     out = {k: [] for k in members}
@@ -81,15 +83,16 @@ def run_batch(model, pools, members, steps):
         slot_of = {k: i for i, k in enumerate(live[r:] + live[:r])}     # a sequence changes slots
         tokens = np.zeros((B, C), np.int32)
         start, valid = np.zeros(B, np.int32), np.ones(B, np.int32)
-        anchor, swa = np.zeros((B, M), np.int32), np.zeros((B, M), np.int32)
+        anchor, swa = (np.full((B, M), t, np.int32) for t in (TRASH if every_slot else (0, 0)))
         for k in live:
             i, (s, v) = slot_of[k], calls[k][step]
             tokens[i] = chunk_tokens(model, seqs[k], s, v, pad_seed=100 * k + step)
             start[i], valid[i] = s, v
             anchor[i], swa[i] = tables(k)
         pools, logits = model.forward_batch(pools, SlotBatch(np.int32(len(live)), tokens, start, valid, anchor, swa,
-                                                             np.ones(B, bool)))
+                                                             np.ones(B, bool)), every_slot=every_slot)
         logits = np.asarray(logits)
+        assert not logits[len(live):].any(), "a slot past count got logits"
         for k in live:
             out[k].append(logits[slot_of[k]])
     return pools, out
@@ -128,6 +131,27 @@ def test_a_slot_in_a_batch_equals_the_sequence_alone(model):
             assert np.array_equal(x, z), (k, step, "batch vs forward_chunk")
         mine = written(model, batch_pools, k)
         assert mine == written(model, alone_pools, k) == written(model, chunk_pools, k), k
+
+
+def test_computing_every_slot_gives_the_same_bits_and_writes_only_the_trash_page(model):
+    """forward_batch(every_slot=True), the step a loop that schedules ahead runs: every
+    sequence's logits at every step and every pool page but the trash pages equal the traced
+    step's bit for bit; the spare slots' logits are zero (run_batch); the trash pages were
+    written (the spare slots did run)."""
+    steps = max(len(schedule(model, n)) for n in LENGTHS)
+    start = garbage(model)
+    before = {n: np.asarray(a).copy() for n, a in start.items()}
+    traced_pools, traced = run_batch(model, garbage(model), [0, 1, 2], steps)
+    every_pools, every = run_batch(model, start, [0, 1, 2], steps, every_slot=True)
+    for k in range(3):
+        assert all(np.array_equal(x, y) for x, y in zip(bits(traced[k]), bits(every[k]), strict=True)), k
+    trash_written = False
+    for spec in model.layout.byte_pools:
+        trash = TRASH[0] if spec.allocator == model.layout.anchor.name else TRASH[1]
+        a, b = (np.delete(np.asarray(p[spec.name]), trash, axis=1) for p in (traced_pools, every_pools))
+        assert a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes(), spec.name
+        trash_written |= not np.array_equal(np.asarray(every_pools[spec.name])[:, trash], before[spec.name][:, trash])
+    assert trash_written
 
 
 def test_slots_past_count_cost_nothing_and_write_nothing(model):
