@@ -19,10 +19,10 @@ so a run is as fast as the machine and as loaded as the trace (and `--time-scale
 
 A step's work comes in one of two orders:
 
-    in turn   schedule; queue the step; `cache.step()`; record its chunks
-              (`Scheduler.dispatched`); fetch its tokens (waits for the device)
+    in turn   schedule; queue the step; record its chunks (`Scheduler.dispatched`: the
+              finished leave); `cache.step()`; fetch its tokens (waits for the device)
     ahead     schedule; fetch the step before's tokens (waits); queue this step;
-              `cache.step()`; record its chunks
+              record its chunks; `cache.step()`
 
 `ahead` schedules step N + 1 (growing, preempting, admitting: the acquires and the loads
 they start) while the device computes step N, as SGLang's overlap scheduler does. What the
@@ -52,8 +52,9 @@ from examples.batching.workload import Job
 
 # the parts of a step, timed apart: `cache.step()` (dispatched after the model's step, so
 # its host time overlaps the device's work); scheduling (grow, preempt, admit: the acquire /
-# alloc calls and the loads they wait for) and packing; the model step with its tokens
-# fetched (which waits for it); advancing the sequences (insert / free / unlock)
+# alloc calls and the loads they wait for); the model step packed, queued and its tokens
+# fetched (which waits for it); advancing the sequences (their chunks recorded; the
+# finished ones' insert / free / unlock)
 PHASES = ("cache_step", "schedule", "model", "advance")
 
 
@@ -156,16 +157,16 @@ def serve(jobs: list[Job], model, calls: CacheCalls, max_batch: int, sample: fro
         t2 = time.perf_counter()
         queued = queue(batch) if batch else None
         t3 = time.perf_counter()
-        calls.step()              # backups dispatch while the device runs the step
-        t4 = time.perf_counter()
-        if batch:
+        if batch:                 # the finished leave: their inserts' backups go in this step
             in_flight = sched.dispatched(batch), queued
+        t4 = time.perf_counter()
+        calls.step()              # backups dispatch while the device runs the step
         t5 = time.perf_counter()
         if not ahead and in_flight:
             got, in_flight = fetch(in_flight), None
         t6 = time.perf_counter()
         fetch_s, dt = t2 - t1 + t6 - t5, t6 - t0
-        parts = (t4 - t3, t1 - t0, t3 - t2 + fetch_s, t5 - t4)
+        parts = (t5 - t4, t1 - t0, t3 - t2 + fetch_s, t4 - t3)
         for phase, spent in zip(PHASES, parts):
             phases[phase] += spent
         fetched = clock + (t2 - t0 if ahead else dt)
