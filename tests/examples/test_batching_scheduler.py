@@ -146,3 +146,42 @@ def test_scheduled_ahead_a_preempted_sequence_waits_for_its_token_and_finished_o
     assert trail[3][1] == 2                         # asked once its token is in
     assert all(len(s.tokens) == 4 and not s.pending and min(s.tokens) >= 10 for s in seqs)
     assert len(cache.free_pages) == 6
+
+
+@pytest.mark.parametrize("admission", ["eager", "reserve"])
+@pytest.mark.parametrize("seed", range(6))
+def test_scheduling_ahead_gives_every_request_the_tokens_it_gets_in_turn(seed, admission):
+    """Random requests on a small device, served in the loop's two orders (in turn: fetch
+    before scheduling again; ahead: schedule, then fetch the step before). A stand-in model
+    makes each token from the tokens before it and packing reads every token a chunk
+    computes (`ids` raises on a pending one), so both orders must give every request the
+    same tokens, and every page comes back."""
+    rng = np.random.default_rng(seed)
+    spec = [(rng.integers(1, 50, int(rng.integers(1, 20))).astype(np.int32), int(rng.integers(1, 6)))
+            for _ in range(12)]
+
+    def serve(ahead: bool) -> list[list[int]]:
+        cache = PageCounter(8)
+        sched = Scheduler(CacheCalls(CacheKind.NO_CACHE, cache, None), C, max_batch=3, admission=admission)
+        seqs = [sched.arrive(Job(i, 0.0, prompt, gen)) for i, (prompt, gen) in enumerate(spec)]
+        in_flight = None
+        while sched.busy or in_flight:
+            batch = sched.schedule()
+            if ahead and in_flight:
+                Scheduler.deliver(*in_flight, np.zeros(3, np.uint32), None)
+                in_flight = None
+            for s in batch:                                     # packing
+                s.ids(*s.next_chunk(C))
+            expected = sched.dispatched(batch)
+            made = np.zeros(3, np.int64)
+            for i, s in expected:                               # the model: a token from all before it
+                made[i] = int((s.ids(0, s.known - 1) * np.arange(1, s.known)).sum()) % 97
+            in_flight = (expected, made) if expected else None
+            if not ahead and in_flight:
+                Scheduler.deliver(*in_flight, np.zeros(3, np.uint32), None)
+                in_flight = None
+        assert sorted(cache.free_pages) == list(range(8))
+        assert all(len(s.tokens) == s.job.gen and not s.pending for s in seqs)
+        return [s.tokens for s in seqs]
+
+    assert serve(ahead=True) == serve(ahead=False)
