@@ -184,7 +184,7 @@ class PrefixReads:
 
     def _wait_load(self, load_id: int) -> bool:
         tid = TransferId(Direction.LOAD, load_id)
-        if tid in self._core.in_flight():
+        if self._core.is_in_flight(tid):
             self._data.complete(tid, blocking=True)
         return not self._data.transfers.take_failure(load_id)
 

@@ -144,7 +144,7 @@ class TransferDriver:
 
     def landing(self, tid: TransferId):
         """The `Landing` a deferred load left to a model step, while no step has landed it."""
-        moving = self.moving(tid) if tid in self._core.in_flight() else None
+        moving = self.moving(tid) if self._core.is_in_flight(tid) else None
         return None if moving is None else moving.pending_landing()
 
     def landed(self, landing, token: jax.Array) -> None:

@@ -215,6 +215,12 @@ class TransferBook:
                 | {TransferId(Direction.LOAD, i) for i in self._loads}
                 | {TransferId(Direction.PREFETCH, i) for i in self._prefetches})
 
+    def is_in_flight(self, tid: TransferId) -> bool:
+        """`tid in in_flight()`, without building the set (a load's wait asks once per request)."""
+        if tid.direction is Direction.BACKUP:
+            return tid.number != self._open and tid.number in self._writes
+        return tid.number in (self._loads if tid.direction is Direction.LOAD else self._prefetches)
+
     def on_split(self, head: Node, node: Node, k: int) -> None:
         """`node` was split after `k` pages: the head joins its transfers and takes its share of a queued copy."""
         if head.write_id is not None:
@@ -251,6 +257,12 @@ class TransferBook:
         for node in self._queue:
             if node.write_id != self._open:
                 _fail(f"{node} has a queued copy but write id {node.write_id} (open batch {self._open})")
+        flying = self.in_flight()
+        for d, last in ((Direction.BACKUP, self._open), (Direction.LOAD, self._next_load),
+                        (Direction.PREFETCH, self._next_prefetch)):
+            for number in range(max(1, last - 64), last + 2):   # the newest ids, and two not issued
+                if self.is_in_flight(TransferId(d, number)) != (TransferId(d, number) in flying):
+                    _fail(f"{d.value}:{number} in flight is {not self.is_in_flight(TransferId(d, number))} by the set")
 
 
 def _fail(msg: str) -> None:

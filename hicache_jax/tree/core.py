@@ -251,6 +251,10 @@ class TreeCore:
         transfers in flight (`attach` / `carrier`)."""
         return self.book.in_flight()
 
+    def is_in_flight(self, tid: TransferId) -> bool:
+        """`tid in in_flight()`, without building the set."""
+        return self.book.is_in_flight(tid)
+
     def attach(self, tid: TransferId, carrier: object) -> None:
         """Keep what the data plane holds while it moves `tid` with the tree's record of it."""
         self.book.attach(tid, carrier)
