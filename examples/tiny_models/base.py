@@ -24,8 +24,9 @@ runs slots 0 .. count - 1 one after the other, each the per-sequence chunk above
 own tokens, start, valid and page tables, with the pools threaded through, and returns
 f32[B, vocab] (the last valid row's logits per slot; rows >= count are zero and those slots
 write nothing). With `every_slot=True` all B slots run, those past count on the pages
-their tables name (a trash page), and nothing in the program waits on `count`. A slot is the same computation whatever the other slots hold and whichever
-slot it is in, so a sequence gets the same bits in a full batch as alone (count = 1).
+their tables name (a trash page), and nothing in the program waits on `count`. A slot is
+the same computation whatever the other slots hold and whichever slot it is in, so a
+sequence gets the same bits in a full batch as alone (count = 1).
 Slots run one after another rather than as one [B x chunk_size]-row computation: wider
 matmuls round differently, and a token's bits must not depend on what it was batched with.
 What a batch saves is per-step dispatch and host round trips, not arithmetic. A batched
