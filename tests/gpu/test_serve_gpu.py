@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.gpu, pytest.mark.slow,
                          ids=["tiny_v4-ahead", "tiny_gqa-ahead", "tiny_v41-in_turn"])
 def test_the_replay_is_identical_and_compiles_nothing(config, ahead, capsys, tmp_path):
     trace = ROOT / "traces" / "conversation_trace.jsonl.gz"
-    argv = ["--trace", str(trace), "--config", str(CONFIGS / f"{config}.json"), "--limit", "40", "--max-input-tokens", "2048", "--max-output-tokens", "8", "--max-batch", "8",
+    argv = ["--trace", str(trace), "--config", str(CONFIGS / f"{config}.json"), "--limit", "40",
+            "--max-input-tokens", "2048", "--max-output-tokens", "8", "--max-batch", "8",
             "--time-scale", "0.05", "--plot", str(tmp_path / "replay.png"), "--quiet"]
     code = serve_trace.main(argv + ["--schedule-ahead"] * ahead)
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
