@@ -31,10 +31,9 @@ Continuous batching over at most `max_batch` slots. Each step, before the model 
 Once the step is queued, `dispatched` records each sequence's chunk; a chunk that reaches
 the last known token expects a token (`Sequence.expect_token`), and a sequence that then
 has all its tokens leaves (`insert`: its pages never hold the token still on its way).
-`deliver` fills in the tokens once fetched; `advance` does both, for a loop that fetches
-before it schedules again. A loop that schedules the next step first (`loop.serve`'s
-`ahead`) admits no sequence whose token is still pending: with FIFO order, admission
-stops there for the step. No policy looks at the trace's future.
+`deliver` fills in the tokens once fetched. A loop that schedules the next step before
+fetching (`loop.serve`'s `ahead`) admits no sequence whose token is still pending: with
+FIFO order, admission stops there for the step. No policy looks at the trace's future.
 """
 from __future__ import annotations
 
@@ -76,10 +75,6 @@ class Scheduler:
         self._grow()
         self._admit()
         return list(self.running)
-
-    def advance(self, batch: list[Sequence], tokens, digests, logits: dict | None) -> list[Sequence]:
-        """`dispatched`, then `deliver`: the step is done and its tokens are here."""
-        return self.deliver(self.dispatched(batch), tokens, digests, logits)
 
     def dispatched(self, batch: list[Sequence]) -> list[tuple[int, Sequence]]:
         """The step computing `batch` is queued: sequence i computed its chunk; those that

@@ -261,8 +261,9 @@ class TransferBook:
         for d, last in ((Direction.BACKUP, self._open), (Direction.LOAD, self._next_load),
                         (Direction.PREFETCH, self._next_prefetch)):
             for number in range(max(1, last - 64), last + 2):   # the newest ids, and two not issued
-                if self.is_in_flight(TransferId(d, number)) != (TransferId(d, number) in flying):
-                    _fail(f"{d.value}:{number} in flight is {not self.is_in_flight(TransferId(d, number))} by the set")
+                tid = TransferId(d, number)
+                if self.is_in_flight(tid) != (tid in flying):
+                    _fail(f"{tid}: is_in_flight says {tid not in flying}, in_flight() says {tid in flying}")
 
 
 def _fail(msg: str) -> None:

@@ -52,7 +52,7 @@ def jobs(n: int, prompt: int = 8, gen: int = 4) -> list[Job]:
 def step(sched: Scheduler) -> list[int]:
     batch = sched.schedule()
     n = len(batch)
-    sched.advance(batch, np.full(n, 7), np.zeros(n, np.uint32), None)
+    Scheduler.deliver(sched.dispatched(batch), np.full(n, 7), np.zeros(n, np.uint32), None)
     return [s.job.index for s in batch]
 
 
