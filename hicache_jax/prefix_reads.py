@@ -74,6 +74,17 @@ class PrefixReads:
         self._data.engine.copy_early(self._anchor, match.host_len // self.layout.page_size,
                                      lambda: self._core.anchor_host_pages(match))
 
+    def _copy_early_many(self, seqs: list[np.ndarray]) -> None:
+        """Start copying the anchor's host blocks of every request of `seqs` (as matched now,
+        the LRU untouched) in one program: they cross the link while the requests are planned."""
+        page, loads = self.layout.page_size, []
+        for tokens in seqs:
+            m = self._core.match_prefix(tokens, touch=False)
+            if m.host_len:
+                loads.append((m.host_len // page, lambda m=m: self._core.anchor_host_pages(m)))
+        if loads:
+            self._data.engine.copy_early_many(self._anchor, loads)
+
     def acquire(self, tokens: np.ndarray, load_back: bool, deferred: bool) -> Prefix:
         """`HiCache.acquire` for checked arguments."""
         m, fetched = self._settled_match(tokens, self.match(tokens), load_back)
@@ -115,8 +126,9 @@ class PrefixReads:
     def acquire_many(self, seqs: list[np.ndarray], load_back: bool, deferred: bool) -> list[Prefix]:
         """`HiCache.acquire_many` for checked arguments.
 
-        Each request in order: match, pin, start the early copy of its large host block
-        (unless `deferred`), plan its load with the tree (patient for device room, as
+        First (unless `deferred`) every request's large host block starts copying to the
+        device, as one program (`copy_early_many`), while the rest runs. Then each request
+        in order: match, pin, plan its load with the tree (patient for device room, as
         `acquire` is); the planned loads start together, as one engine start, once
         every request is planned. A request whose path holds nodes that a planned load fills
         starts and waits for those planned so far first, then matches again, so it finds
@@ -125,6 +137,8 @@ class PrefixReads:
         requests' `Prefix.landing`."""
         out: list[Prefix | None] = [None] * len(seqs)
         planned: list[_Planned] = []
+        if load_back and not deferred:
+            self._copy_early_many(seqs)
         for i, tokens in enumerate(seqs):
             m = self._core.match_prefix(tokens)
             if planned and self._core.loads_along(tokens) & {p.job.load_id for p in planned}:
@@ -136,8 +150,6 @@ class PrefixReads:
             if not (load_back and m.host_len):
                 out[i] = Prefix(m.device_len, m.device_pages, m.swa_pages, lock, m.device_len, 0)
                 continue
-            if not deferred:   # its large block copies while the next requests are planned
-                self._copy_early(m)
             job = self._core.start_load(m)
             self._data.flush_demotions()
             if job is Refusal.NO_DEVICE_SPACE and planned:

@@ -3,9 +3,10 @@
 The Python of a host hit (the tree's match and planning, the engine's checks, the program
 call) takes about a millisecond at 256 V4-Flash pages on the H200; a copy started before
 it runs on the copy engines meanwhile. An early copy starts when the tree is about to plan a
-load (`copy_early`, for the anchor's host pages: `acquire_many` starts each request's before
-planning the next, so the copies run under the rest of the step's Python) or first thing in
-the load's `start` (`take`, for every allocator), and the load unpacks it:
+load (`copy_early`, for the anchor's host pages; `copy_early_many` for all of `acquire_many`'s
+requests before it plans any, the whole blocks of one size in one `copy_many` program, so
+the copies run under the rest of the step's Python) or first thing in the load's `start`
+(`take`, for every allocator), and the load unpacks it:
 
     a whole block      the copy program `copy` (a DMA, no index to hand over); the chunk then
                        moves as `EarlyCopy` by `load_block(S, 1)`, or, in a merged load's
@@ -67,6 +68,37 @@ class EarlyCopies:
         if pages.size != num_pages or pages[0] < 0 or pages[-1] >= self.host.pages[allocator]:
             return False
         return self._copy_runs(progs, [(r.host_start, r.length) for r in coalesce(pages)], self._pending)
+
+    def copy_early_many(self, allocator: str, loads: list[tuple[int, Callable[[], np.ndarray | None]]]) -> None:
+        """`copy_early` for loads that will be planned together (`acquire_many`'s requests),
+        `loads` = [(num_pages, host_pages)]: the whole blocks they read, all of one size,
+        copy as one program (`copy_many`, one dispatch instead of one per block) once it is
+        compiled; until then (its compilation started on the background thread), and for
+        any other load, each copies as `copy_early` copies it."""
+        progs = self._programs.get(allocator)
+        if progs is None:
+            return
+        table, blocks, rest = self.host.tables[allocator], {}, []
+        for num_pages, host_pages in loads:
+            pages = host_pages() if self.early(progs, num_pages) else None
+            if pages is None:
+                continue
+            pages = np.asarray(pages)
+            whole = None
+            if pages.ndim == 1 and pages.size == num_pages <= progs.chunk_pages and (np.diff(pages) == 1).all() \
+                    and 0 <= int(pages[0]) <= self.host.pages[allocator] - num_pages:
+                whole = table.whole(int(pages[0]), num_pages)
+            if whole is None:
+                rest.append((num_pages, pages))
+            elif id(whole) not in self._pending:
+                blocks.setdefault(num_pages, {})[id(whole)] = whole
+        for rows, by_id in blocks.items():
+            arrays = tuple(by_id.values())
+            program = progs.compiled(Program.COPY_MANY, rows, len(arrays), background=True) if len(arrays) > 1 else None
+            copies = program(arrays) if program is not None else [progs.compiled(Program.COPY, rows)(a) for a in arrays]
+            self._pending.update((id(a), (a, copy)) for a, copy in zip(arrays, copies))
+        for num_pages, pages in rest:
+            self.copy_early(allocator, num_pages, lambda pages=pages: pages)
 
     def take(self, plan: TransferPlan) -> Copies:
         """The early copies a load plan may use: those `copy_early` started, and new ones for

@@ -22,18 +22,15 @@ Rows, blocks and the staging buffer are tuples of the row's stored parts (`RowFo
                                 whether it is a device copy, in staging order)
     read:    read(R, k)         block [R, ...], start i32[1] -> 2**k rows on the device
              copy(R)            block [R, ...] -> the whole block on the device (a DMA)
+             copy_many(R, m)    m blocks [R, ...] -> each whole on the device (m DMAs, one dispatch)
 
 `load_block` moves a chunk that is exactly one block (a prefix backed up as one run and
 loaded back whole); a large block's copy (`copy`, early.py) may start before the plan is
 checked, and the program unpacks the copy; any other chunk gathers its rows block by block
 into the staging buffer (`h2d`, a DMA when the piece is its whole block; several whole
-blocks of one size by one `h2d_many`) and unpacks them.
-A plan whose every allocator moves as one chunk runs as ONE program on a single device
-(`PlanPrograms`): one dispatch per load-back or backup.
-
-Index arguments (i32) of one element are passed as arrays kept on the device where they
-can be (`resident.py`), so such a call copies no host data.
-
+blocks of one size by one `h2d_many`) and unpacks them. A plan whose every allocator moves
+as one chunk runs as ONE program on a single device (`PlanPrograms`). Index arguments (i32)
+of one element are arrays kept on the device where they can be (`resident.py`).
 Host values are only moved or sliced: every program's jaxpr is checked at compile time.
 Replicated allocators on a mesh pack on the first device (whose shard is the whole pool)
 and broadcast a load's rows to every rank, each unpacking its own copy (staging path).
@@ -50,7 +47,7 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, RowFormat
-from hicache_jax.transfer.compile_cache import shared_program
+from hicache_jax.transfer.compile_cache import ready_program, shared_program
 
 _DEVICE = jax.memory.Space.Device
 
@@ -68,6 +65,7 @@ class Program(enum.StrEnum):
     TAKE = "take"               # (pages,): the first staging rows, to broadcast them
     READ = "read"               # (block rows, log2 rows): rows of one block to the device (L3, tests)
     COPY = "copy"               # (block rows,): a whole block to the device (an early copy), no index
+    COPY_MANY = "copy_many"     # (block rows, count): that many whole blocks to the device (acquire_many's)
     LOAD_PIECES = "load_pieces"  # (pages, ((block rows, log2 rows), ...)): pieces of blocks -> pools, no staging
 
 
@@ -118,21 +116,20 @@ class AllocatorPrograms:
     def __hash__(self) -> int:
         return hash(self._identity)
 
-    def compiled(self, name: Program, *key: int) -> jax.stages.Compiled:
-        """The compiled program `name` for static shape `key`, compiling it on first use.
-
-        Raises RuntimeError (a bug) if the program would compute on a host-memory value.
-        """
-        name = Program(name)
-        full = (name, *key)
+    def compiled(self, name: Program, *key: int, background: bool = False) -> jax.stages.Compiled | None:
+        """The compiled program `name` for static shape `key`, compiling it on first use; with
+        `background` (a program of too many shapes to compile ahead: `copy_many`), None until
+        it is compiled, its compilation started on the background thread.
+        Raises RuntimeError (a bug) if the program would compute on a host-memory value."""
+        full = (Program(name), *key)
+        label = f"{self.fmt.allocator}:{full[0]}{list(key)}"
         program = self._cache.get(full)
         if program is None:
-            label = f"{self.fmt.allocator}:{name}{list(key)}"
-            program = self._cache[full] = shared_program(
-                (self._identity, full), label, self.jaxprs, lambda: self.build(name, *key))
-        if self.hook is not None:
-            return functools.partial(self.hook, f"{self.fmt.allocator}:{name}{list(key)}", program)
-        return program
+            make = ready_program if background else shared_program
+            if (program := make((self._identity, full), label, self.jaxprs, lambda: self.build(*full))) is None:
+                return None
+            self._cache[full] = program
+        return program if self.hook is None else functools.partial(self.hook, label, program)
 
     def build(self, name: Program, *key: int) -> tuple:
         """(fn, example args, donate_argnums, out shardings) of program `name` at shape `key`."""
@@ -287,6 +284,10 @@ class AllocatorPrograms:
         def copy(block):
             return tuple(jax.device_put(b, _DEVICE) for b in block)
         return copy, (self._host_example(block_rows),), (), self._staged()
+
+    def _copy_many(self, block_rows: int, count: int):
+        copy, (block,), _, outs = self._copy(block_rows)
+        return (lambda blocks: tuple(map(copy, blocks))), ((block,) * count,), (), (outs,) * count
 
 
 def _block_rows(block, start, size: int):

@@ -85,9 +85,10 @@ class TreeCore:
         return self.tree.node(node_id)
 
     # -- prefixes --------------------------------------------------------------------------
-    def match_prefix(self, tokens) -> MatchResult:
-        """Longest usable prefix of `tokens` on device, and how much more the host has (see matcher.py)."""
-        return self._matcher.match(tokens)
+    def match_prefix(self, tokens, touch: bool = True) -> MatchResult:
+        """Longest usable prefix of `tokens` on device, and how much more the host has (see
+        matcher.py); `touch=False` leaves the LRU as it was."""
+        return self._matcher.match(tokens, touch)
 
     def loads_along(self, tokens) -> set[LoadId]:
         """The loads in flight owning a node along `tokens`' path (whose landing would change

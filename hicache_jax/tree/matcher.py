@@ -28,9 +28,10 @@ class Matcher:
         self._windows = components.windows
         self._page = tree.page_size
 
-    def match(self, tokens) -> MatchResult:
+    def match(self, tokens, touch: bool = True) -> MatchResult:
         """Longest usable prefix of `tokens` on device, and how much more the host has.
-        Splits the node a boundary falls in; never allocates or frees."""
+        Splits the node a boundary falls in; never allocates or frees. `touch=False`: the
+        matched nodes keep their LRU stamps (a look ahead, not a use)."""
         tokens = as_tokens(tokens)
         page = self._page
         path = [(n, m) for n, m in self._tree.walk(tokens[:cap_tokens(len(tokens), page)]) if m]
@@ -56,9 +57,10 @@ class Matcher:
             dev_b, all_b = dev_cov, any_cov
         chain = self._cut(path, [dev_b * page, all_b * page])
         dev_chain = chain[:_count_until(chain, dev_b * page)]
-        now = self._clock.tick()
-        for n in chain:             # LRU heaps re-file touched nodes lazily (see lru.py)
-            n.last_access = now
+        if touch:
+            now = self._clock.tick()
+            for n in chain:         # LRU heaps re-file touched nodes lazily (see lru.py)
+                n.last_access = now
         root = self._tree.root
         dev_pages, windows = self.device_tables(dev_chain)
         first = windows[self._windows[0].name] if self._windows else _EMPTY

@@ -112,19 +112,24 @@ def test_program_calls_of_one_merged_start(name):
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_each_request_copies_its_block_before_the_next_is_planned(name):
-    """Every block large enough to copy early (`early_copy_bytes=0`): each request whose host
-    part is one whole anchor block starts its `copy` before the next request is matched, and
-    the merged load unpacks those copies, through staging at first and then in its one fused
-    program (pieces marked copied), bit for bit; a deferred acquire starts none."""
+def test_every_block_starts_copying_before_any_request_is_planned(name):
+    """Every block large enough to copy early (`early_copy_bytes=0`): before the first
+    request is matched for its plan, every request's whole anchor block has started for the
+    device, one `copy` each while the blocks' shared program compiles in the background,
+    then the two 2-page blocks by one `copy_many` (the 1-page block alone, by `copy`),
+    having looked at each request without touching the LRU. The merged load unpacks those copies, through
+    staging at first and then in its one fused program (pieces marked copied), bit for
+    bit; a deferred acquire copies nothing early."""
     blocks = ([2, 3], [4], [5, 6])
     cache, d = make(name, transfer=hc.TransferConfig(early_copy_bytes=0, fuse_after=1,
                                                                   landing_buckets=5))
     offload(d, list(blocks))
     toks = [prompt(b) for b in blocks]
     events, match = [], cache._core.match_prefix
-    cache._core.match_prefix = lambda tokens: events.append("match") or match(tokens)
+    cache._core.match_prefix = lambda tokens, touch=True: events.append(f"match:{touch}") or match(tokens, touch)
     cache.on_program_call(lambda label, program, *args: events.append(label) or program(*args))
+    anchor = cache.layout.anchor.name
+    early = (f"{anchor}:copy[", f"{anchor}:copy_many[")
     rounds = []
     for deferred in (False, False, True):
         events.clear()
@@ -142,17 +147,17 @@ def test_each_request_copies_its_block_before_the_next_is_planned(name):
         cache.drain()
         cache.wait_compiles()
         rounds.append(list(events))
-    for events in rounds[:2]:
-        copies = [e for e in events if ":copy[" in e]
-        planned = [e for e in events if e == "match" or ":copy[" in e]
-        assert len(copies) == len(blocks), events
-        assert planned == ["match", copies[0], "match", copies[1], "match", copies[2]], events
+    for events, copies in zip(rounds[:2], ([f"{anchor}:copy[2]", f"{anchor}:copy[2]", f"{anchor}:copy[1]"],
+                                           [f"{anchor}:copy_many[2, 2]", f"{anchor}:copy[1]"])):
+        planned = events.index("match:True")
+        assert events[:planned] == ["match:False"] * len(blocks) + copies, events
+        assert not any(e.startswith(early) for e in events[planned:]), events
     assert not any(e.startswith("plan:load_pieces") for e in rounds[0]), rounds[0]      # staging: not yet compiled
-    staged = [e for e in rounds[0] if e.startswith(cache.layout.anchor.name + ":h2d")]
+    staged = [e for e in rounds[0] if e.startswith(anchor + ":h2d")]
     assert staged and all(e.endswith(", 1]") for e in staged), rounds[0]          # the copies, placed on the device
-    fused = [e for e in rounds[1] if not e.startswith(("match", cache.layout.anchor.name + ":copy["))]
+    fused = [e for e in rounds[1] if not e.startswith(("match", *early))]
     assert len(fused) == 1 and fused[0].startswith("plan:load_pieces") and "True" in fused[0], rounds[1]
-    assert not any(":copy[" in e for e in rounds[2]), rounds[2]
+    assert not any(e.startswith(early) for e in rounds[2]) and "match:False" not in rounds[2], rounds[2]
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
@@ -171,9 +176,10 @@ def test_without_fused_loads_each_copy_goes_into_staging_on_the_device(name):
         assert p.host_tokens == len(b) * P
         d.verify(b, p.device_pages, p.swa_pages)
     anchor = cache.layout.anchor.name
-    copies = [e for e in labels if e.startswith(anchor + ":copy[")]
+    copied = [1 if e.startswith(anchor + ":copy[") else int(e.rstrip("]").split(", ")[1])
+              for e in labels if e.startswith((anchor + ":copy[", anchor + ":copy_many["))]
     into_staging = [e for e in labels if e.startswith((anchor + ":h2d[", anchor + ":h2d_many["))]
-    assert len(copies) == len(blocks), labels
+    assert sum(copied) == len(blocks), labels
     assert 1 <= len(into_staging) < len(blocks) and all(e.endswith(", 1]") for e in into_staging), labels
     unlock_all(cache, prefixes)
     assert_room_back(cache)

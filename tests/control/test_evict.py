@@ -16,6 +16,17 @@ def test_device_eviction_is_lru_over_leaves():
     c.check_invariants()
 
 
+def test_a_match_that_does_not_touch_leaves_the_lru_order():
+    c = core("tiny_gqa", write_policy="write_through_selective")
+    a = put(c, seq(1))[0]
+    b = put(c, seq(2))[0]
+    m = c.match_prefix(query(seq(1)), touch=False)   # a look ahead: a stays the least recently used
+    assert m.device_len == P
+    evict_device(c, 1)
+    assert c.tree.get(a.node) is None and c.node(b.node)
+    c.check_invariants()
+
+
 def test_internal_nodes_wait_until_they_are_leaves():
     c = core("tiny_gqa", write_policy="write_through_selective")
     put(c, seq(1, 2))

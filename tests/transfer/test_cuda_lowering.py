@@ -9,7 +9,7 @@ before a GPU sees it. XLA's GPU compiler does not run: what it alone rejects sti
 
 The shapes are the ones an engine with the reference kernels compiles while it warms up and
 moves random plans (whole blocks, pieces through staging, fused loads of pieces, early
-copies); each is built again by an engine with the Mosaic GPU kernels and lowered. A step
+copies, one by one and together); each is built again by an engine with the Mosaic GPU kernels and lowered. A step
 landing a deferred load (every landing size) is lowered the same way.
 """
 import dataclasses
@@ -96,6 +96,12 @@ def move_random_plans(t: Harness, seed: int) -> None:
         assert t.engine.copy_early(a, hit.size, lambda: hit)
         t.run("load", {a: (np.arange(hit.size), hit)})
         compile_cache.wait_background()
+    t.run("backup", {a: (np.arange(n), np.arange(HOST_PAGES - 2 * n, HOST_PAGES - n))})
+    blocks = [np.arange(HOST_PAGES - 2 * n, HOST_PAGES - n), np.arange(HOST_PAGES - n, HOST_PAGES)]
+    for _ in range(2):                                # two whole blocks in one program (compiled, then run)
+        t.engine.copy_early_many(a, [(n, lambda b=b: b) for b in blocks])
+        compile_cache.wait_background()
+        t.run("load", {a: (np.arange(n), blocks[1])})   # from its early copy
 
 
 @pytest.mark.parametrize("name, groups", [("tiny_v4", 2), ("tiny_v41", 3), ("tiny_gqa", 1)])
@@ -135,7 +141,7 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
             parts = sum(len(ran.engine.host.formats[a].parts) for a, _, _ in runs)
             assert text.count("custom_call @mosaic_gpu") == parts, (label, text.count("custom_call @mosaic_gpu"))
     names = {label.split("[")[0].split(":")[-1] for label in lowered}
-    assert {"pack", "unpack", "load_block", "h2d", "copy", "load_pieces"} <= names, sorted(names)
+    assert {"pack", "unpack", "load_block", "h2d", "copy", "copy_many", "load_pieces"} <= names, sorted(names)
     assert any(label.startswith("plan:load_pieces") and "True" in label for label in lowered)   # early copies
 
     step = step_fn(layer_groups.num_model_layers(ran.layout), 1)
