@@ -71,34 +71,35 @@ class EarlyCopies:
 
     def copy_early_many(self, allocator: str, loads: list[tuple[int, Callable[[], np.ndarray | None]]]) -> None:
         """`copy_early` for loads that will be planned together (`acquire_many`'s requests),
-        `loads` = [(num_pages, host_pages)]: the whole blocks they read, all of one size,
-        copy as one program (`copy_many`, one dispatch instead of one per block) once it is
-        compiled; until then (its compilation started on the background thread), and for
-        any other load, each copies as `copy_early` copies it."""
+        `loads` = [(num_pages, host_pages)]: the whole blocks they read, those of one size
+        together, copy as one program (`copy_many`, one dispatch instead of one per block)
+        once it is compiled (on the background thread, the first time a count is seen);
+        until then, and for any other load, each copies as `copy_early` copies it."""
         progs = self._programs.get(allocator)
         if progs is None:
             return
-        table, blocks, rest = self.host.tables[allocator], {}, []
+        table, groups, rest = self.host.tables[allocator], {}, []
         for num_pages, host_pages in loads:
             pages = host_pages() if self.early(progs, num_pages) else None
             if pages is None:
                 continue
-            pages = np.asarray(pages)
-            whole = None
+            pages, whole = np.asarray(pages), None
             if pages.ndim == 1 and pages.size == num_pages <= progs.chunk_pages and (np.diff(pages) == 1).all() \
                     and 0 <= int(pages[0]) <= self.host.pages[allocator] - num_pages:
                 whole = table.whole(int(pages[0]), num_pages)
             if whole is None:
-                rest.append((num_pages, pages))
+                rest.append(pages)
             elif id(whole) not in self._pending:
-                blocks.setdefault(num_pages, {})[id(whole)] = whole
-        for rows, by_id in blocks.items():
-            arrays = tuple(by_id.values())
-            program = progs.compiled(Program.COPY_MANY, rows, len(arrays), background=True) if len(arrays) > 1 else None
-            copies = program(arrays) if program is not None else [progs.compiled(Program.COPY, rows)(a) for a in arrays]
-            self._pending.update((id(a), (a, copy)) for a, copy in zip(arrays, copies))
-        for num_pages, pages in rest:
-            self.copy_early(allocator, num_pages, lambda pages=pages: pages)
+                groups.setdefault(num_pages, {})[id(whole)] = (whole, pages)
+        for rows, by_id in groups.items():
+            program = progs.compiled(Program.COPY_MANY, rows, len(by_id), background=True) if len(by_id) > 1 else None
+            if program is None:
+                rest += [pages for _, pages in by_id.values()]
+                continue
+            arrays = tuple(block for block, _ in by_id.values())
+            self._pending.update((id(a), (a, copy)) for a, copy in zip(arrays, program(arrays)))
+        for pages in rest:
+            self.copy_early(allocator, pages.size, lambda pages=pages: pages)
 
     def take(self, plan: TransferPlan) -> Copies:
         """The early copies a load plan may use: those `copy_early` started, and new ones for

@@ -122,14 +122,14 @@ class AllocatorPrograms:
         it is compiled, its compilation started on the background thread.
         Raises RuntimeError (a bug) if the program would compute on a host-memory value."""
         full = (Program(name), *key)
-        label = f"{self.fmt.allocator}:{full[0]}{list(key)}"
+        label = lambda: f"{self.fmt.allocator}:{full[0]}{list(key)}"   # built only off the hot path
         program = self._cache.get(full)
         if program is None:
             make = ready_program if background else shared_program
-            if (program := make((self._identity, full), label, self.jaxprs, lambda: self.build(*full))) is None:
+            if (program := make((self._identity, full), label(), self.jaxprs, lambda: self.build(*full))) is None:
                 return None
             self._cache[full] = program
-        return program if self.hook is None else functools.partial(self.hook, label, program)
+        return program if self.hook is None else functools.partial(self.hook, label(), program)
 
     def build(self, name: Program, *key: int) -> tuple:
         """(fn, example args, donate_argnums, out shardings) of program `name` at shape `key`."""

@@ -1,7 +1,6 @@
 """The benchmarks keep working: each runs in its --smoke mode and writes its JSON."""
 import json
 import os
-import statistics
 import subprocess
 import sys
 
@@ -245,12 +244,8 @@ def test_decode_table_reproduces_the_published_rows(tmp_path):
     table = r.stdout.splitlines()
     assert len(table) == 2 + len(cases)
     # (results of before the GC and the cache's calls were timed: their columns say "—")
-    row = "| tiny_v4 | 9090 | 8/32 | write_through | blocking | yes | 0 | 0 | 5.7 / 7.9 / 7.9 | 1.38 | {} | 5.6 | 5.2 | — | — " \
-          "| 0 / 0 / — |"
-    case = next(c for c in cases if c["config"] == "tiny-v4" and c["seed"] == 9090 and c["layer_groups"] is None)
-    recompute = case["ttft_ms_recompute"]
-    assert row.format(f"{max(recompute) / statistics.median(recompute):.2f}") in [
-        line.replace("tiny-v4", "tiny_v4") for line in table]
+    assert "| tiny_v4 | 9090 | 8/32 | write_through | blocking | yes | 0 | 0 | 5.7 / 7.9 / 7.9 | 1.38 | 1.43 | 5.6 | 5.2 " \
+           "| — | — | 0 / 0 / — |" in [line.replace("tiny-v4", "tiny_v4") for line in table]
     rows = json.loads((tmp_path / "rows.json").read_text())
     assert sum(not row["identical"] for row in rows) == 10         # every grouped row of that commit
     held = sum(row["max_over_median"] <= 2 for row in rows)        # and the bound, said on stderr
