@@ -250,8 +250,8 @@ def test_decode_table_reproduces_the_published_rows(tmp_path):
     assert sum(not row["identical"] for row in rows) == 10         # every grouped row of that commit
     held = sum(row["max_over_median"] <= 2 for row in rows)        # and the bound, said on stderr
     assert f"TTFT max <= 2 x median in {held} of {len(rows)} cases; over: " in r.stderr
-    slow = sum(row["recompute_max_over_median"] > 2 for row in rows)
-    assert f"; the recompute runs (no cache, same processes) over it in {slow} of {len(rows)}" in r.stderr
+    assert sum(row["recompute_max_over_median"] > 2 for row in rows) == 2   # counted from the raw TTFTs
+    assert f"; the recompute runs (no cache, same processes) over it in 2 of {len(rows)}" in r.stderr
     assert all(row["ttft_ms"]["median"] <= row["ttft_ms"]["p99"] <= row["ttft_ms"]["max"] for row in rows)
 
 
