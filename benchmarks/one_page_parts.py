@@ -7,9 +7,10 @@ process. Each kernel implementation gets its own cache (default: the automatic c
 the plain-jnp reference).
 
 `phases_ms` splits the hit at its program call: the Python before it, the call's own host
-time (the runtime launching the program), and the rest until `acquire` returns (the DMA's
-tail and the bookkeeping when the load lands); and the bare call into its host time and
-the wait for the device.
+time (the runtime launching the program), both together (`to_call_return`, timed per round:
+a median of sums is not the sum of medians), and the rest until `acquire` returns (the
+DMA's tail and the bookkeeping when the load lands); and the bare call into its host time
+and the wait for the device.
 
 `call_ms` (the first kernel set's cache) takes the runtime's call apart, host time until
 each call returns: the hit's load program, the same program on blocks already on the
@@ -146,7 +147,8 @@ def run(config: str, kernels: list[str], rounds: int) -> dict:
                 times[f"acquire_{k}"].append(took)
                 times[f"bare_{k}"].append(bare)
                 parts[k].append(split)
-                phases[k].append({"before_call": c0 - t, "call": c1 - c0, "after_call": returned - c1,
+                phases[k].append({"before_call": c0 - t, "call": c1 - c0, "to_call_return": c1 - t,
+                                  "after_call": returned - c1,
                                   "bare_call": launched, "bare_wait": bare - launched})
         t = clock()
         jax.block_until_ready(jax.device_put(host_block, on_device))

@@ -132,14 +132,18 @@ def test_bench_overlap_smoke(tmp_path):
 
 
 def test_one_page_parts_smoke(tmp_path):
-    """The load program a hit ran, called again alone, takes less than the hit around it."""
+    """A one-page hit split at its load program's call, and the program called again alone.
+    Only orderings that hold round by round are checked (a median of sums is not a sum of
+    medians); which is faster is the benchmark's to say."""
     (r,) = run("one_page_parts.py", tmp_path)["runs"]
     assert r["exact"] == {"reference": True}
-    assert r["ms"]["acquire_reference"] > r["ms"]["bare_reference"] > 0
+    assert r["ms"]["acquire_reference"] > 0 and r["ms"]["bare_reference"] > 0
     assert set(r["breakdown_ms"]["reference"]) == {"match", "plan", "dispatch", "wait", "other"}
     phases = r["phases_ms"]["reference"]
     assert all(v >= 0 for v in phases.values()) and phases["call"] > 0 and phases["bare_call"] > 0
-    assert phases["before_call"] + phases["call"] < r["ms"]["acquire_reference"]
+    # each round's program call returns before its hit has landed, and follows the Python before it
+    assert phases["before_call"] <= phases["to_call_return"] <= r["ms"]["acquire_reference"]
+    assert phases["call"] <= phases["to_call_return"]
     assert set(r["call_ms"]) == {"load_program", "scatter_only", "copies_only", "trivial_jit"}
     assert all(v > 0 for v in r["call_ms"].values())
 
