@@ -17,6 +17,9 @@ rows, without the cache around them, so that one run on a GPU says which to buil
     granules_G        the block kept as arrays of G rows; the arrays that hold the rows are moved
                       whole inside one jit and joined on the device (G = each of --granules)
     list_put_G        the same arrays moved by one `jax.device_put` of a list, then joined by a jit
+    view_put          the rows as a DLPack view into the block (`host_views.rows_view`: no copy, made
+                      each call), moved by `jax.device_put`: one DMA of exactly the rows
+    view_jit          the same view moved inside a jit compiled for its shape
 
 Each row count is read from blocks of each --block-rows at least twice its size (the
 shared prompt of a two-page conversation is half of a two-row block). Each round times
@@ -49,6 +52,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from flags import count, number_list  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
+from host_views import rows_view  # noqa: E402
 
 _DEVICE = jax.memory.Space.Device
 HLO_MARKERS = {"copy_start": r"\bcopy-start\b", "dynamic_slice": r"\bdynamic-slice\b",
@@ -120,12 +124,17 @@ class Ways:
             joined = jax.jit(lambda *xs: _join(xs))
             ways[f"list_put_{g}"] = (lambda arrays=arrays, joined=joined:
                                      joined(*jax.device_put(arrays, device_sharding)))
+        ways["view_put"] = lambda: jax.device_put(rows_view(block, start, stop), device_sharding)
+        view_move = self._jit("view_jit", lambda h: jax.device_put(h, _DEVICE), rows_view(block, start, stop))
+        ways["view_jit"] = lambda: view_move(rows_view(block, start, stop))
+        self.view_memory_kind = rows_view(block, start, stop).sharding.memory_kind
         self.ways = ways
 
-    def _jit(self, name: str, fn: Callable, *args) -> Callable[[], jax.Array]:
+    def _jit(self, name: str, fn: Callable, *args) -> Callable[..., jax.Array]:
+        """`fn` compiled for `args`; called with no arguments it runs on them, else on those given."""
         compiled = jax.jit(fn).lower(*args).compile()
         self.hlo[name] = compiled.as_text() or ""
-        return lambda: compiled(*args)
+        return lambda *given: compiled(*(given or args))
 
 
 def _join(parts) -> jax.Array:
@@ -172,6 +181,7 @@ def probe(block: jax.Array, expected: np.ndarray, n: int, args, device_sharding)
         for name, text in ways.hlo.items():
             (args.hlo_dir / f"{name}_{n}of{rows}rows.hlo.txt").write_text(text)
     return {"block_rows": rows, "rows": n, "start": start, "bytes": n * args.row_bytes,
+            "view_memory_kind": ways.view_memory_kind,
             "ways": {w: {"ms_p50": statistics.median(ms[w]),
                          **({"ratio_p50": statistics.median(ratios[w])} if w in ratios else {}),
                          **({"hlo": hlo_summary(ways.hlo[w])} if w in ways.hlo else {})}

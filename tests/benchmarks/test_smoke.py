@@ -224,7 +224,7 @@ def test_probe_host_reads_smoke(tmp_path):
     assert result["exact"] and [(r["block_rows"], r["rows"]) for r in result["runs"]] == [(2, 1), (64, 1), (64, 16)]
     ways = result["runs"][2]["ways"]
     assert {"contiguous", "dynamic_slice", "static_slice", "block_then_slice", "split_slices",
-            "granules_1", "granules_8", "granules_16", "list_put_1", "list_put_16"} <= set(ways)
+            "granules_1", "granules_8", "granules_16", "list_put_1", "list_put_16", "view_put", "view_jit"} <= set(ways)
     assert all(w["ms_p50"] > 0 for w in ways.values())
     assert ways["split_slices"]["hlo"]["dynamic_slice"] >= 4        # the summary counts what XLA emitted
     assert (tmp_path / "hlo" / "dynamic_slice_16of64rows.hlo.txt").read_text().strip()
