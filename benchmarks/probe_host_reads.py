@@ -124,10 +124,15 @@ class Ways:
             joined = jax.jit(lambda *xs: _join(xs))
             ways[f"list_put_{g}"] = (lambda arrays=arrays, joined=joined:
                                      joined(*jax.device_put(arrays, device_sharding)))
-        ways["view_put"] = lambda: jax.device_put(rows_view(block, start, stop), device_sharding)
-        view_move = self._jit("view_jit", lambda h: jax.device_put(h, _DEVICE), rows_view(block, start, stop))
-        ways["view_jit"] = lambda: view_move(rows_view(block, start, stop))
-        self.view_memory_kind = rows_view(block, start, stop).sharding.memory_kind
+        self.view_memory_kind = self.view_error = None
+        try:            # a runtime that will not share the block's memory loses these two ways, not the run
+            self.view_memory_kind = rows_view(block, start, stop).sharding.memory_kind
+            view_move = self._jit("view_jit", lambda h: jax.device_put(h, _DEVICE), rows_view(block, start, stop))
+        except (RuntimeError, TypeError, ValueError, BufferError) as e:   # JaxRuntimeError is a RuntimeError
+            self.view_error = f"{type(e).__name__}: {e}"
+        else:
+            ways["view_put"] = lambda: jax.device_put(rows_view(block, start, stop), device_sharding)
+            ways["view_jit"] = lambda: view_move(rows_view(block, start, stop))
         self.ways = ways
 
     def _jit(self, name: str, fn: Callable, *args) -> Callable[..., jax.Array]:
@@ -181,7 +186,7 @@ def probe(block: jax.Array, expected: np.ndarray, n: int, args, device_sharding)
         for name, text in ways.hlo.items():
             (args.hlo_dir / f"{name}_{n}of{rows}rows.hlo.txt").write_text(text)
     return {"block_rows": rows, "rows": n, "start": start, "bytes": n * args.row_bytes,
-            "view_memory_kind": ways.view_memory_kind,
+            "view_memory_kind": ways.view_memory_kind, "view_error": ways.view_error,
             "ways": {w: {"ms_p50": statistics.median(ms[w]),
                          **({"ratio_p50": statistics.median(ratios[w])} if w in ratios else {}),
                          **({"hlo": hlo_summary(ways.hlo[w])} if w in ways.hlo else {})}

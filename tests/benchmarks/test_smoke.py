@@ -222,6 +222,7 @@ def test_dispatch_ab_smoke(tmp_path):
 def test_probe_host_reads_smoke(tmp_path):
     result = run("probe_host_reads.py", tmp_path, "--hlo-dir", str(tmp_path / "hlo"))
     assert result["exact"] and [(r["block_rows"], r["rows"]) for r in result["runs"]] == [(2, 1), (64, 1), (64, 16)]
+    assert all(r["view_error"] is None and r["view_memory_kind"] for r in result["runs"])
     ways = result["runs"][2]["ways"]
     assert {"contiguous", "dynamic_slice", "static_slice", "block_then_slice", "split_slices",
             "granules_1", "granules_8", "granules_16", "list_put_1", "list_put_16", "view_put", "view_jit"} <= set(ways)
