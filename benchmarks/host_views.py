@@ -65,13 +65,12 @@ def _dtype(dtype: np.dtype) -> _DType:
 class _Rows:
     """What `jax.dlpack.from_dlpack` takes: `__dlpack__` and `__dlpack_device__`."""
 
-    def __init__(self, block: jax.Array, start: int, stop: int):
+    def __init__(self, block: jax.Array, pointer: int, offset: int, rows: int):
         self._device = block.__dlpack_device__()
-        shape = (ctypes.c_int64 * block.ndim)(stop - start, *block.shape[1:])
+        shape = (ctypes.c_int64 * block.ndim)(rows, *block.shape[1:])
         managed = _Managed()
-        managed.dl_tensor = _Tensor(block.unsafe_buffer_pointer(), _Device(int(self._device[0]), self._device[1]),
-                                    block.ndim, _dtype(np.dtype(block.dtype)), shape, None,
-                                    start * (block.nbytes // block.shape[0]))
+        managed.dl_tensor = _Tensor(pointer, _Device(int(self._device[0]), self._device[1]),
+                                    block.ndim, _dtype(np.dtype(block.dtype)), shape, None, offset)
         managed.deleter = _release
         _LIVE[ctypes.addressof(managed)] = (managed, shape, block)
         self._capsule = _capsule(ctypes.addressof(managed), b"dltensor", None)
@@ -88,10 +87,11 @@ def rows_view(block: jax.Array, start: int, stop: int) -> jax.Array:
     array that shares its memory."""
     if not 0 <= start < stop <= block.shape[0]:
         raise ValueError(f"rows_view: rows [{start}, {stop}) are not inside a block of {block.shape[0]} rows")
-    if (block.unsafe_buffer_pointer() + start * (block.nbytes // block.shape[0])) % ALIGNMENT:
-        raise ValueError(f"rows_view: row {start} of a block of {block.nbytes // block.shape[0]} B rows does not "
+    pointer, row_bytes = block.unsafe_buffer_pointer(), block.nbytes // block.shape[0]
+    if (pointer + start * row_bytes) % ALIGNMENT:
+        raise ValueError(f"rows_view: row {start} of a block of {row_bytes} B rows does not "
                          f"start on {ALIGNMENT} B (jax shares only aligned memory)")
-    return jax.dlpack.from_dlpack(_Rows(block, start, stop), copy=False)
+    return jax.dlpack.from_dlpack(_Rows(block, pointer, start * row_bytes, stop - start), copy=False)
 
 
 def live_views() -> int:

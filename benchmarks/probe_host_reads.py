@@ -126,8 +126,9 @@ class Ways:
                                      joined(*jax.device_put(arrays, device_sharding)))
         self.view_memory_kind = self.view_error = None
         try:            # a runtime that will not share the block's memory loses these two ways, not the run
-            self.view_memory_kind = rows_view(block, start, stop).sharding.memory_kind
-            view_move = self._jit("view_jit", lambda h: jax.device_put(h, _DEVICE), rows_view(block, start, stop))
+            view = rows_view(block, start, stop)
+            self.view_memory_kind = view.sharding.memory_kind
+            view_move = self._jit("view_jit", lambda h: jax.device_put(h, _DEVICE), view)
         except (RuntimeError, TypeError, ValueError, BufferError) as e:   # JaxRuntimeError is a RuntimeError
             self.view_error = f"{type(e).__name__}: {e}"
         else:
