@@ -73,10 +73,10 @@ WARM = FUSE_AFTER  # warm-up rounds: the shape's program starts compiling at its
                    # (compiled before the measured rounds)
 
 
-def make_cache(config: str, policy: str, kv_pages: int, window_pages: int, views: bool = False) -> hc.HiCache:
+def make_cache(config: str, policy: str, kv_pages: int, window_pages: int, **transfer) -> hc.HiCache:
     """A cache holding `kv_pages` kv pages and `window_pages` SWA pages on device and on the
-    host, 2 spare of each (the trailing windows a mode keeps: `window_pages`); `views`:
-    `TransferConfig.host_views`."""
+    host, 2 spare of each (the trailing windows a mode keeps: `window_pages`); `transfer`:
+    `TransferConfig` fields given on the command line."""
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
     swa = layout.swa_pool.name if layout.swa_pool else None
     return hc.HiCache(layout, hc.HiCacheConfig(
@@ -84,7 +84,7 @@ def make_cache(config: str, policy: str, kv_pages: int, window_pages: int, views
         host_pages={layout.anchor.name: kv_pages + 2, **({swa: window_pages + 2} if swa else {})},
         write_policy=policy, load_back_threshold=1,
         transfer=hc.TransferConfig(host_memory_limit_bytes=1 << 40, fuse_after=FUSE_AFTER,
-                                   host_views=views)))
+                                   **transfer)))
 
 
 class Hits:
@@ -283,7 +283,7 @@ def needs(mode: str, pages: int, n: int, window: int) -> tuple[str, int, int]:
 
 
 def run(config: str, mode: str, pages: int, rounds: int, n: int, seed: int, max_bytes: int,
-        views: bool = False) -> dict:
+        transfer: dict | None = None) -> dict:
     layout = hc.build_layout(hc.load_model_config(ROOT / "configs" / f"{config}.json"))
     window = layout.window_pages() if layout.swa_pool else 0
     policy, kv_pages, window_pages = needs(mode, pages, n, window)
@@ -293,7 +293,7 @@ def run(config: str, mode: str, pages: int, rounds: int, n: int, seed: int, max_
         layout.page_bytes_of(layout.swa_pool.name) if window else 0)
     if held > max_bytes:
         return row | {"skipped": f"holds {held / 1e9:.1f} GB, over --max-held-gb"}
-    h = Hits(make_cache(config, policy, kv_pages, window_pages, views), seed)
+    h = Hits(make_cache(config, policy, kv_pages, window_pages, **(transfer or {})), seed)
     try:
         fields = batched(h, pages, rounds, n) if mode == "batched" else SHAPES[mode](h, pages, rounds)
         main = "one_by_one" if mode == "batched" else "hit"
@@ -343,6 +343,8 @@ def main():
                          "given override these): CPU, seconds")
     ap.add_argument("--host-views", action="store_true",
                     help="TransferConfig(host_views=True): parts of host blocks move as DLPack views of their rows")
+    ap.add_argument("--early-copy-mb", type=float, default=None,
+                    help="TransferConfig.early_copy_bytes in MB (default: the config's; larger than a block: no early copies)")
     ap.add_argument("--out", type=pathlib.Path, default=None,
                     help="JSON path (default: benchmarks/results/bench_hits.json, or .../smoke/ with --smoke; $OUT/ when set)")
     args = ap.parse_args()
@@ -354,8 +356,10 @@ def main():
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     args.out = args.out or default_out("bench_hits.json", args.smoke)
+    transfer = {"host_views": args.host_views, **({} if args.early_copy_mb is None else
+                                                   {"early_copy_bytes": int(args.early_copy_mb * 1e6)})}
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),
-              "host_views": args.host_views, "runs": []}
+              "transfer": transfer, "runs": []}
     print(f"{'config':20} {'mode':17} {'pages':>5} {'N':>3} {'MB':>9} {'hit ms':>9} {'contig ms':>9} {'ratio':>6} "
           f"{'disp':>4} exact", file=sys.stderr)
     for config in args.configs.split(","):
@@ -363,7 +367,7 @@ def main():
             for pages in (int(p) for p in args.pages.split(",")):
                 rounds = args.rounds or (30 if pages <= 16 else 8 if pages <= 256 else 3)
                 for n in ([int(b) for b in args.batch.split(",")] if mode == "batched" else [1]):
-                    r = run(config, mode, pages, rounds, n, args.seed, int(args.max_held_gb * 1e9), args.host_views)
+                    r = run(config, mode, pages, rounds, n, args.seed, int(args.max_held_gb * 1e9), transfer)
                     result["runs"].append(r)
                     show(r)
                     pathlib.Path(args.out).write_text(json.dumps(result, indent=1))
