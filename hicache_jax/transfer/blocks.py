@@ -52,7 +52,9 @@ class HostBlocks:
                 copied = early.get(id(block))
                 return EarlyCopy(copied[1]) if copied is not None else WholeBlock(block)
             (block, row, n), *more = table.segments(start, part.padded_pages)
-            view = self._view(table.arrays[block], row, n) if not more and block != NO_BLOCK else None
+            array = table.arrays[block] if not more and block != NO_BLOCK else None
+            view = self._view(array, row, n) if array is not None and \
+                _early_piece(early, array, row, n.bit_length() - 1) is None else None   # else: its early copy
             if view is not None:
                 return WholeBlock(view)
         pieces = []

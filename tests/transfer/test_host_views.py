@@ -10,6 +10,7 @@ import hicache_jax as hc
 from hicache_jax.pools import host_views
 from hicache_jax.pools.host_views import live_views, rows_view
 from hicache_jax.transfer import blocks, host_compute_violations
+from hicache_jax.transfer import early as early_copies
 
 DEV = jax.devices()[0]
 HOST = jax.sharding.make_single_device_sharding(DEV, memory_kind="pinned_host")
@@ -60,10 +61,12 @@ def test_rows_off_the_alignment_are_refused():
 @pytest.mark.parametrize("name, tp, groups", [("tiny_v4", None, 1), ("tiny_v41", None, 2), ("tiny_gqa", None, 1),
                                               ("tiny_gqa", 2, 1)])
 @pytest.mark.parametrize("views", [True, False])
-def test_parts_of_host_blocks_load_as_views_of_their_rows_exactly(name, tp, groups, views, monkeypatch):
+@pytest.mark.parametrize("early", [False, True])
+def test_parts_of_host_blocks_load_as_views_of_their_rows_exactly(name, tp, groups, views, early, monkeypatch):
     """Backed-up runs become blocks of several rows; loads of parts of them (a run inside
     one block, scattered pages of several) restore the bytes with views on or off, and
-    only a one-device engine with views on makes views."""
+    only a one-device engine with views on makes views. With early copies (of every size
+    here), a load's rows are viewed once: by the early copy, which the load then uses."""
     from tests.transfer.test_round_trip import Harness
     made = []                                       # (block, row, rows) of each view made
 
@@ -71,12 +74,18 @@ def test_parts_of_host_blocks_load_as_views_of_their_rows_exactly(name, tp, grou
         view = host_views.block_view(block, row, rows)
         made.extend([(block, row, rows)] if view is not None else [])
         return view
-    monkeypatch.setattr(blocks, "block_view", block_view)
+    monkeypatch.setattr(blocks, "block_view", block_view)      # a load's views
+    monkeypatch.setattr(early_copies, "block_view", block_view)  # an early copy's
     t = Harness(name, tp, "reference", groups, fuse_after=0, views=views)
+    t.engine._early.early_bytes = 0 if early else 1 << 62
     t.run("backup", {a: (np.arange(8), np.arange(16, 24)) for a in t.allocators})
-    t.run("load", {a: (np.array([9, 3]), np.array([18, 19])) for a in t.allocators})            # a run in one block
-    t.run("load", {a: (np.array([11, 0, 5]), np.array([17, 20, 22])) for a in t.allocators})    # pieces of blocks
-    t.run("load", {a: (np.array([1, 2, 4]), np.array([23, 3, 16])) for a in t.allocators})     # and a 1-row block
+    for dev, host in (([9, 3], [18, 19]),                 # a run inside one block
+                      ([11, 0, 5], [17, 20, 22]),         # pieces of blocks
+                      ([1, 2, 4], [23, 3, 16])):          # and a one-row block
+        before = len(made)
+        t.run("load", {a: (np.array(dev), np.array(host)) for a in t.allocators})
+        viewed = [(id(block[0]), row, rows) for block, row, rows in made[before:]]
+        assert len(set(viewed)) == len(viewed), "rows viewed twice for one load"
     assert bool(made) == (views and tp is None)
     assert all(row > 0 or rows < block[0].shape[0] for block, row, rows in made)   # never a whole block
     jaxprs = t.engine.program_jaxprs()
