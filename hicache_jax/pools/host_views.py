@@ -9,6 +9,8 @@ as a `pinned_host` array on the GPU (a CPU tensor as a CPU array), so moving the
 device is one DMA of exactly those rows.
 
 Only DLPack's unversioned ABI (`dltensor` capsules) is built here; jax 0.11 and 0.12 take it.
+The host tier's loads move parts of blocks this way with `TransferConfig.host_views` (off by
+default until it is measured faster: BENCHMARKS.md).
 """
 from __future__ import annotations
 

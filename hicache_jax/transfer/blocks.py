@@ -51,10 +51,7 @@ class HostBlocks:
             if block is not None:
                 copied = early.get(id(block))
                 return EarlyCopy(copied[1]) if copied is not None else WholeBlock(block)
-            (block, row, n), *more = table.segments(start, part.padded_pages)
-            array = table.arrays[block] if not more and block != NO_BLOCK else None
-            view = self._view(array, row, n) if array is not None and \
-                _early_piece(early, array, row, n.bit_length() - 1) is None else None   # else: its early copy
+            view = self._run_view(table, start, part.padded_pages, early)
             if view is not None:
                 return WholeBlock(view)
         pieces = []
@@ -108,6 +105,16 @@ class HostBlocks:
                 kept_work.append((progs, [part for part, _ in rest]))
                 kept_moves.append([move for _, move in rest])
         return kept_work, kept_moves, deferred
+
+    def _run_view(self, table, start: int, n: int, early: dict) -> tuple[jax.Array, ...] | None:
+        """`_view` of host pages `start .. start+n-1` (n a power of two) where one block holds
+        them all and they were not copied early (an early copy moves as a piece), else None."""
+        if not self.views:
+            return None
+        (block, row, _), *more = table.segments(start, n)
+        if more or block == NO_BLOCK or _early_piece(early, table.arrays[block], row, n.bit_length() - 1):
+            return None
+        return self._view(table.arrays[block], row, n)
 
     def _view(self, block: tuple[jax.Array, ...], row: int, rows: int) -> tuple[jax.Array, ...] | None:
         """With `views`, `rows` rows of `block` from `row` as a block of their own that shares
