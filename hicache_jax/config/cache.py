@@ -89,9 +89,7 @@ class TransferConfig:
     come once or twice, and each compilation holds the serving thread's GIL for about 0.45 s
     of tracing and lowering (Mosaic GPU kernels), which stalls the loop's steps
     (BENCHMARKS.md, "Fused loads stall a replay on the H200"). Turn it on where the same hit
-    shapes recur (a benchmark, a fixed batch of system prompts) and warm them up. With
-    `host_views`, rows that are part of a host block move as a DLPack view of just those rows
-    (one DMA) instead of a kernel reading a slice of the block over PCIe.
+    shapes recur (a benchmark, a fixed batch of system prompts) and warm them up.
     """
 
     max_staging_bytes: int = 512 << 20          # device staging per allocator; bounds a chunk
@@ -104,7 +102,6 @@ class TransferConfig:
     kernels: str = "auto"                       # pack/unpack kernels: a name of `pallas_kernels.IMPLS`
     block_bytes: int | None = None              # bytes one kernel copy moves (default: the backend's)
     fuse_after: int = 0                         # loads of one shape of pieces before its program compiles (0: never)
-    host_views: bool = False                    # parts of host blocks move as views of their rows
 
     def __post_init__(self):
         check = _Checker(self)
@@ -119,8 +116,6 @@ class TransferConfig:
         check.count("fuse_after", self.fuse_after)
         if not isinstance(self.kernels, str):
             raise ValueError(f"TransferConfig field 'kernels' must be a kernel name, got {self.kernels!r}")
-        if not isinstance(self.host_views, bool):
-            raise ValueError(f"TransferConfig field 'host_views' must be True or False, got {self.host_views!r}")
 
     def host_limit_bytes(self) -> int:
         """The most pinned host memory the host tier may take: `host_memory_limit_bytes`, or

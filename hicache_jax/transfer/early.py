@@ -11,8 +11,7 @@ the copies run under the rest of the step's Python) or first thing in the load's
     a whole block      the copy program `copy` (a DMA, no index to hand over); the chunk then
                        moves as `EarlyCopy` by `load_block(S, 1)`, or, in a merged load's
                        chunk, as a copied piece (`Piece.copied`, as below)
-    rows of a block    `read(B, k)` of each power-of-two piece of a run inside a block (with
-                       `TransferConfig.host_views`, `copy(2**k)` of a view of its rows); the
+    rows of a block    `read(B, k)` of each power-of-two piece of a run inside a block; the
                        chunk's `Pieces` then name the copies (`Piece.copied`): the chunk's
                        fused program takes them (`PlanPrograms.ready_load`), else they go into
                        the staging buffer by `h2d` / `h2d_many` from the device (keys ending in 1)
@@ -32,7 +31,6 @@ import numpy as np
 from hicache_jax.plan import Direction, TransferPlan, coalesce
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
-from hicache_jax.pools.host_views import block_view
 from hicache_jax.transfer.blocks import binary
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
@@ -45,10 +43,9 @@ Copies = dict
 
 class EarlyCopies:
     def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
-                 early_copy_bytes: int, views: bool = False):
+                 early_copy_bytes: int):
         self.host, self._programs, self._ints = host, programs, ints
         self.early_bytes = early_copy_bytes
-        self.views = views                  # `TransferConfig.host_views`: rows of a block copy as a view
         self._pending: Copies = {}
 
     def early(self, progs: AllocatorPrograms, pages: int) -> bool:
@@ -144,7 +141,9 @@ class EarlyCopies:
                 wanted = [(id(array), lambda: progs.compiled(Program.COPY, length)(array))] \
                     if self.early(progs, length) else []
             else:
-                wanted = [((id(array), row + offset, k), lambda offset=offset, k=k: self._rows(progs, array, row + offset, k))
+                wanted = [((id(array), row + offset, k),
+                           lambda offset=offset, k=k: progs.compiled(Program.READ, block_rows(array), k)(
+                               array, self._ints.one(row + offset)))
                           for offset, k in chunk_pieces(length, progs.chunk_pages) if self.early(progs, 1 << k)]
             for key, copy in wanted:
                 if calls == MAX_COPIES:
@@ -153,14 +152,6 @@ class EarlyCopies:
                     into[key] = (array, copy())
                 calls += 1
         return bool(calls)
-
-    def _rows(self, progs: AllocatorPrograms, array, row: int, k: int):
-        """The device copy of `2**k` rows of `array` from `row`: a view of them copied whole
-        (`copy`, one DMA) with `views`, else read out of the block (`read`)."""
-        view = block_view(array, row, 1 << k) if self.views else None
-        if view is not None:
-            return progs.compiled(Program.COPY, 1 << k)(view)
-        return progs.compiled(Program.READ, block_rows(array), k)(array, self._ints.one(row))
 
 
 MAX_COPIES = 2
