@@ -341,6 +341,9 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="tiny_v4 and tiny_gqa, 1 and 4 pages, batch 1 and 4, 2 rounds, every mode (flags "
                          "given override these): CPU, seconds")
+    ap.add_argument("--view-mb", type=lambda v: None if v == "none" else float(v), default=-1.0,
+                    help="TransferConfig.view_bytes in MB: parts of host blocks this large move as DLPack views "
+                         "of their rows (0: every part; none: never; default: the config's)")
     ap.add_argument("--early-copy-mb", type=float, default=None,
                     help="TransferConfig.early_copy_bytes in MB (default: the config's; larger than a block: no early copies)")
     ap.add_argument("--out", type=pathlib.Path, default=None,
@@ -354,7 +357,8 @@ def main():
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     args.out = args.out or default_out("bench_hits.json", args.smoke)
-    transfer = {} if args.early_copy_mb is None else {"early_copy_bytes": int(args.early_copy_mb * 1e6)}
+    transfer = {**({} if args.view_mb == -1.0 else {"view_bytes": None if args.view_mb is None else int(args.view_mb * 1e6)}),
+                **({} if args.early_copy_mb is None else {"early_copy_bytes": int(args.early_copy_mb * 1e6)})}
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),
               "transfer": transfer, "runs": []}
     print(f"{'config':20} {'mode':17} {'pages':>5} {'N':>3} {'MB':>9} {'hit ms':>9} {'contig ms':>9} {'ratio':>6} "

@@ -17,7 +17,7 @@ rows, without the cache around them, so that one run on a GPU says which to buil
     granules_G        the block kept as arrays of G rows; the arrays that hold the rows are moved
                       whole inside one jit and joined on the device (G = each of --granules)
     list_put_G        the same arrays moved by one `jax.device_put` of a list, then joined by a jit
-    view_put          the rows as a DLPack view into the block (`host_views.rows_view`: no copy, made
+    view_put          the rows as a DLPack view into the block (`hicache_jax.pools.host_views.rows_view`: no copy, made
                       each call), moved by `jax.device_put`: one DMA of exactly the rows
     view_jit          the same view moved inside a jit compiled for its shape
 
@@ -49,10 +49,12 @@ import jax.numpy as jnp
 import numpy as np
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from flags import count, number_list  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
-from host_views import rows_view  # noqa: E402
+
+from hicache_jax.pools.host_views import rows_view  # noqa: E402
 
 _DEVICE = jax.memory.Space.Device
 HLO_MARKERS = {"copy_start": r"\bcopy-start\b", "dynamic_slice": r"\bdynamic-slice\b",

@@ -89,7 +89,11 @@ class TransferConfig:
     come once or twice, and each compilation holds the serving thread's GIL for about 0.45 s
     of tracing and lowering (Mosaic GPU kernels), which stalls the loop's steps
     (BENCHMARKS.md, "Fused loads stall a replay on the H200"). Turn it on where the same hit
-    shapes recur (a benchmark, a fixed batch of system prompts) and warm them up.
+    shapes recur (a benchmark, a fixed batch of system prompts) and warm them up. Rows that
+    are part of a host block and hold at least `view_bytes` move as a DLPack view of just
+    those rows (one DMA) instead of a kernel reading a slice of the block over PCIe, whose
+    speed depends on the machine; smaller runs are read (making a view costs 0.15-0.2 ms on
+    an H100); None: never view.
     """
 
     max_staging_bytes: int = 512 << 20          # device staging per allocator; bounds a chunk
@@ -102,6 +106,7 @@ class TransferConfig:
     kernels: str = "auto"                       # pack/unpack kernels: a name of `pallas_kernels.IMPLS`
     block_bytes: int | None = None              # bytes one kernel copy moves (default: the backend's)
     fuse_after: int = 0                         # loads of one shape of pieces before its program compiles (0: never)
+    view_bytes: int | None = 32 << 20           # parts of host blocks this large move as views of their rows
 
     def __post_init__(self):
         check = _Checker(self)
@@ -114,6 +119,7 @@ class TransferConfig:
         check.optional_count("host_memory_limit_bytes", self.host_memory_limit_bytes, minimum=1)
         check.optional_count("block_bytes", self.block_bytes, minimum=1)
         check.count("fuse_after", self.fuse_after)
+        check.optional_count("view_bytes", self.view_bytes)
         if not isinstance(self.kernels, str):
             raise ValueError(f"TransferConfig field 'kernels' must be a kernel name, got {self.kernels!r}")
 

@@ -16,6 +16,7 @@ from pallas_kernels import PAD
 
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
+from hicache_jax.pools.host_views import block_view, check_views
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.moves import EarlyCopy, Move, Piece, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
@@ -31,9 +32,13 @@ class HostBlocks:
     (one-element indices from the engine's `ints`)."""
 
     def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
-                 landing_rows: dict[str, tuple[int, ...]]):
+                 landing_rows: dict[str, tuple[int, ...]], view_bytes: int | None = None):
         self.host, self._programs, self._ints = host, programs, ints
         self.landing_rows = landing_rows      # {allocator: block sizes (rows) a step may land}
+        self.view_bytes = view_bytes          # `TransferConfig.view_bytes`
+        if view_bytes is not None:
+            for allocator in programs:
+                check_views(host.sharding(allocator))
 
     # -- load chunks -------------------------------------------------------------------------
     def load_move(self, progs: AllocatorPrograms, part: chunking.Chunk, early: dict) -> Move:
@@ -46,6 +51,9 @@ class HostBlocks:
             if block is not None:
                 copied = early.get(id(block))
                 return EarlyCopy(copied[1]) if copied is not None else WholeBlock(block)
+            view = self._run_view(table, start, part.padded_pages, early)
+            if view is not None:
+                return WholeBlock(view)
         pieces = []
         for dst, host, length in part.host_runs():   # cut at blocks, not at the chunk's pieces: a whole
             for block, row, n in table.segments(host, length):   # block (a power of two) is one piece
@@ -57,7 +65,9 @@ class HostBlocks:
                     elif copied is not None:
                         pieces.append(Piece(copied[1], 0, k, dst + piece, copied=True))
                     else:
-                        pieces.append(Piece(table.arrays[block], row + piece, k, dst + piece))
+                        view = self._view(table.arrays[block], row + piece, 1 << k)
+                        pieces.append(Piece(view, 0, k, dst + piece) if view is not None
+                                      else Piece(table.arrays[block], row + piece, k, dst + piece))
                 dst += n
         return Pieces(tuple(pieces))
 
@@ -95,6 +105,24 @@ class HostBlocks:
                 kept_work.append((progs, [part for part, _ in rest]))
                 kept_moves.append([move for _, move in rest])
         return kept_work, kept_moves, deferred
+
+    def _run_view(self, table, start: int, n: int, early: dict) -> tuple[jax.Array, ...] | None:
+        """`_view` of host pages `start .. start+n-1` (n a power of two) where one block holds
+        them all and they were not copied early (an early copy moves as a piece), else None."""
+        if self.view_bytes is None:
+            return None
+        (block, row, _), *more = table.segments(start, n)
+        if more or block == NO_BLOCK or _early_piece(early, table.arrays[block], row, n.bit_length() - 1):
+            return None
+        return self._view(table.arrays[block], row, n)
+
+    def _view(self, block: tuple[jax.Array, ...], row: int, rows: int) -> tuple[jax.Array, ...] | None:
+        """`rows` rows of `block` from `row` as a block of their own that shares its memory
+        (moved by one DMA, where a slice of the block is read by a kernel), or None: all of
+        the block (it moves as it is), or `block_view`'s None (too small, several devices)."""
+        if rows == block_rows(block):
+            return None
+        return block_view(block, row, rows, self.view_bytes)
 
     @staticmethod
     def load_keys(progs: AllocatorPrograms, part: chunking.Chunk, move: Move) -> list[tuple]:

@@ -11,7 +11,8 @@ the copies run under the rest of the step's Python) or first thing in the load's
     a whole block      the copy program `copy` (a DMA, no index to hand over); the chunk then
                        moves as `EarlyCopy` by `load_block(S, 1)`, or, in a merged load's
                        chunk, as a copied piece (`Piece.copied`, as below)
-    rows of a block    `read(B, k)` of each power-of-two piece of a run inside a block; the
+    rows of a block    `read(B, k)` of each power-of-two piece of a run inside a block (with
+                       `TransferConfig.view_bytes`, `copy(2**k)` of a view of its rows); the
                        chunk's `Pieces` then name the copies (`Piece.copied`): the chunk's
                        fused program takes them (`PlanPrograms.ready_load`), else they go into
                        the staging buffer by `h2d` / `h2d_many` from the device (keys ending in 1)
@@ -31,6 +32,7 @@ import numpy as np
 from hicache_jax.plan import Direction, TransferPlan, coalesce
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
+from hicache_jax.pools.host_views import block_view
 from hicache_jax.transfer.blocks import binary
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
@@ -43,9 +45,10 @@ Copies = dict
 
 class EarlyCopies:
     def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
-                 early_copy_bytes: int):
+                 early_copy_bytes: int, view_bytes: int | None = None):
         self.host, self._programs, self._ints = host, programs, ints
         self.early_bytes = early_copy_bytes
+        self.view_bytes = view_bytes        # `TransferConfig.view_bytes`: rows of a block this large copy as a view
         self._pending: Copies = {}
 
     def early(self, progs: AllocatorPrograms, pages: int) -> bool:
@@ -141,9 +144,7 @@ class EarlyCopies:
                 wanted = [(id(array), lambda: progs.compiled(Program.COPY, length)(array))] \
                     if self.early(progs, length) else []
             else:
-                wanted = [((id(array), row + offset, k),
-                           lambda offset=offset, k=k: progs.compiled(Program.READ, block_rows(array), k)(
-                               array, self._ints.one(row + offset)))
+                wanted = [((id(array), row + offset, k), lambda offset=offset, k=k: self._rows(progs, array, row + offset, k))
                           for offset, k in chunk_pieces(length, progs.chunk_pages) if self.early(progs, 1 << k)]
             for key, copy in wanted:
                 if calls == MAX_COPIES:
@@ -152,6 +153,14 @@ class EarlyCopies:
                     into[key] = (array, copy())
                 calls += 1
         return bool(calls)
+
+    def _rows(self, progs: AllocatorPrograms, array, row: int, k: int):
+        """The device copy of `2**k` rows of `array` from `row`: a view of them copied whole
+        (`copy`, one DMA) where they hold `view_bytes`, else read out of the block (`read`)."""
+        view = block_view(array, row, 1 << k, self.view_bytes)
+        if view is not None:
+            return progs.compiled(Program.COPY, 1 << k)(view)
+        return progs.compiled(Program.READ, block_rows(array), k)(array, self._ints.one(row))
 
 
 MAX_COPIES = 2

@@ -30,14 +30,15 @@ class CacheMachine(RuleBasedStateMachine):
                 policy=st.sampled_from(["write_through", "write_through_selective", "write_back"]),
                 slow=st.booleans(), device=st.integers(4, 6), host=st.integers(6, 24) | st.just(0),
                 first=st.lists(PROMPT, min_size=2, max_size=5), paced=st.booleans(), early=st.booleans(),
-                groups=st.integers(1, 3), deferred_blocks=st.integers(1, 3))
-    def setup(self, name, policy, slow, device, host, first, paced, early, groups, deferred_blocks):
+                groups=st.integers(1, 3), deferred_blocks=st.integers(1, 3),
+                view_bytes=st.sampled_from([None, 0, 2048]))
+    def setup(self, name, policy, slow, device, host, first, paced, early, groups, deferred_blocks, view_bytes):
         assume(host or self.make_store() is None)            # host 0: no host tier, so no storage tier
         pace = LAYOUTS[name].page_bytes_of(LAYOUTS[name].anchor.name) if paced else None  # a page a step
         cfg = hc.HiCacheConfig(device_pages=device, host_pages=host, write_policy=policy, check_invariants=True,
                                load_back_threshold=1, storage=self.storage_config(),
                                transfer=hc.TransferConfig(backup_bytes_per_step=pace, layer_groups=groups,
-                                                          landing_buckets=deferred_blocks))
+                                                          landing_buckets=deferred_blocks, view_bytes=view_bytes))
         self.name, self.cfg, self.slow = name, cfg, {"backup", "load"} if slow else set()
         self.store = self.make_store()
         self.cache, self.faulty = faulty_cache(LAYOUTS[name], cfg, slow=self.slow, storage=self.store)

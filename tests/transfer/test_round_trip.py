@@ -49,7 +49,7 @@ class Harness:
     """An engine plus numpy mirrors of both tiers, to check every page after each transfer.
     A load shape of pieces gets its fused program from its first load on (`fuse_after=1`)."""
 
-    def __init__(self, name, tp, kernels, groups=1, fuse_after=1):
+    def __init__(self, name, tp, kernels, groups=1, fuse_after=1, view_bytes=None):
         self.layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
         self.allocators = [p.name for p in self.layout.allocator_pools if self.layout.moving_with(p.name)]
         mesh = tp_mesh(tp) if tp else None
@@ -59,7 +59,8 @@ class Harness:
         self.engine = TransferEngine(self.layout, {a: DEVICE_PAGES for a in self.allocators},
                                      {a: HOST_PAGES for a in self.allocators}, mesh=mesh,
                                      config=TransferConfig(max_staging_bytes=2 * row, kernels=kernels,
-                                                           layer_groups=groups, fuse_after=fuse_after))
+                                                           layer_groups=groups, fuse_after=fuse_after,
+                                                           view_bytes=view_bytes))
         rng = np.random.default_rng(0)
         zeros = self.engine.init_device_pools()
         self.pools = {k: jax.device_put(random_bytes(rng, x.shape, x.dtype), x.sharding) for k, x in zeros.items()}

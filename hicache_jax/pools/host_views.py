@@ -9,6 +9,8 @@ as a `pinned_host` array on the GPU (a CPU tensor as a CPU array), so moving the
 device is one DMA of exactly those rows.
 
 Only DLPack's unversioned ABI (`dltensor` capsules) is built here; jax 0.11 and 0.12 take it.
+The host tier's loads move parts of blocks of at least `TransferConfig.view_bytes` this way
+(BENCHMARKS.md: views against kernel reads).
 """
 from __future__ import annotations
 
@@ -93,6 +95,36 @@ def rows_view(block: jax.Array, start: int, stop: int) -> jax.Array:
         raise ValueError(f"rows_view: row {start} of a block of {row_bytes} B rows does not "
                          f"start on {ALIGNMENT} B (jax shares only aligned memory)")
     return jax.dlpack.from_dlpack(_Rows(block, pointer, start * row_bytes, stop - start), copy=False)
+
+
+def block_view(block: tuple[jax.Array, ...], row: int, rows: int,
+               min_bytes: int | None = 0) -> tuple[jax.Array, ...] | None:
+    """Rows [row, row + rows) of a host block (one array per part) as a block of its own in
+    the block's memory kind, or None where a part is spread over several devices, or where
+    the rows hold fewer than `min_bytes` (`TransferConfig.view_bytes`; None: always None).
+    On a GPU the view shares the block's memory; on the CPU, which takes host memory as the
+    device's, it is copied into the block's memory kind (a host memcpy)."""
+    if min_bytes is None or any(len(part.sharding.device_set) != 1 for part in block):
+        return None
+    if rows * sum(part.nbytes // part.shape[0] for part in block) < min_bytes:
+        return None
+    views = (rows_view(part, row, row + rows) for part in block)
+    return tuple(v if v.sharding.memory_kind == part.sharding.memory_kind else jax.device_put(v, part.sharding)
+                 for v, part in zip(views, block))
+
+
+def check_views(sharding: jax.sharding.Sharding) -> None:
+    """ValueError unless a view of a host array on `sharding` (one device) lands in its
+    memory kind without a copy; the CPU copies (`block_view`) and passes, and so does a
+    sharding over several devices (its blocks are never viewed)."""
+    if len(sharding.device_set) != 1:
+        return
+    device = next(iter(sharding.device_set))
+    block = jax.device_put(np.zeros((2, ALIGNMENT), np.uint8), sharding)
+    view = rows_view(block, 1, 2)
+    if device.platform != "cpu" and view.sharding.memory_kind != sharding.memory_kind:
+        raise ValueError(f"TransferConfig.view_bytes: this runtime takes a view of {sharding.memory_kind} "
+                         f"memory as {view.sharding.memory_kind!r} memory on {device}; set view_bytes=None")
 
 
 def live_views() -> int:
