@@ -87,10 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="eager: admit a request when its first chunk fits (the newest are preempted as the "
                          "device fills); reserve: when the device can hold all of its pages beside what the "
                          "running ones will still take (fewer at once, no preemption)" + d)
-    ap.add_argument("--schedule-ahead", action="store_true",
+    ap.add_argument("--schedule-ahead", action=argparse.BooleanOptionalAction, default=True,
                     help="schedule each step (admissions, acquires, loads) while the device computes the one "
                          "before; the step computes every slot, spare slots on one more device page "
-                         "(examples/batching/loop.py)")
+                         "(examples/batching/loop.py); --no-schedule-ahead: each step in turn" + d)
     ap.add_argument("--fuse-after", type=int, default=hc.TransferConfig().fuse_after, metavar="N",
                     help="HiCache run: compile a load shape's one program at its N-th sighting, 0: never "
                          "(TransferConfig.fuse_after)" + d)

@@ -91,7 +91,7 @@ def test_the_conversation_trace_on_the_cpu(capsys, tmp_path):
     png, steps = tmp_path / "serve.png", tmp_path / "steps.json"
     code, result = run(capsys, "--trace", str(TRACE), "--config", str(CONFIGS / "tiny_v4.json"), "--limit", "48",
                        "--max-input-tokens", "2048", "--plot", str(png), "--steps-out", str(steps))
-    assert code == 0
+    assert code == 0 and result["schedule_ahead"] is True          # the default
     assert_served_well(result, 48)
     recorded = json.loads(steps.read_text())       # every step of every run, its parts adding up to its time
     fields = recorded["fields"]
@@ -115,12 +115,12 @@ def test_a_trace_it_has_not_seen_and_more_requests_compile_nothing(capsys, tmp_p
     # preempted; by default no load compiles a fused program (nothing compiles in the background)
     # (and a cost model under which every load is worth it: recorded, nothing refused for it)
     code, few = run(capsys, *common, "--limit", "6", "--kernels", "reference", "--admission", "reserve",
-                    "--recompute-us-per-token", "1000", "--load-overhead-us", "250")
+                    "--recompute-us-per-token", "1000", "--load-overhead-us", "250", "--no-schedule-ahead")
     assert code == 0 and few["identical"] and few["compiles_while_serving"] == 0
     assert few["recompute_us_per_token"] == 1000 and few["load_overhead_us"] == 250
     assert "not_worth_it" not in few["runs"]["hicache"]["load_refusals"]
     assert few["admission"] == "reserve" and all(r["preemptions"] == 0 for r in few["runs"].values())
-    assert few["kernels"] == "reference"
+    assert few["kernels"] == "reference" and few["schedule_ahead"] is False
     assert few["fuse_after"] == 0 and few["runs"]["hicache"]["background_compiles"] == 0
     assert few["runs"]["hicache"]["fused_loads"] == 0 and few["runs"]["hicache"]["program_calls"]
     # all eighteen, each step scheduled while the device computes the one before (a step that
@@ -150,7 +150,8 @@ def test_a_changed_bit_is_caught(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(loop, "pick", flipped)
     trace = conversation_trace(tmp_path / "conversations.jsonl", conversations=2, turns=1)
     code, result = run(capsys, "--trace", str(trace), "--config", str(CONFIGS / "tiny_v4.json"),
-                       "--max-input-tokens", "1024", "--max-output-tokens", "3", "--check", "1")
+                       "--max-input-tokens", "1024", "--max-output-tokens", "3", "--check", "1",
+                       "--no-schedule-ahead")
     assert code == 1 and result["identical"] is False and result["identical_sample"] is False
     assert result["identical_across_runs"] is True      # the digests still agree: every run was changed alike
 

@@ -23,7 +23,7 @@ def test_the_replay_is_identical_and_compiles_nothing(config, ahead, capsys, tmp
     argv = ["--trace", str(trace), "--config", str(CONFIGS / f"{config}.json"), "--limit", "40",
             "--max-input-tokens", "2048", "--max-output-tokens", "8", "--max-batch", "8",
             "--time-scale", "0.05", "--plot", str(tmp_path / "replay.png"), "--quiet"]
-    code = serve_trace.main(argv + ["--schedule-ahead"] * ahead)
+    code = serve_trace.main(argv + ["--schedule-ahead" if ahead else "--no-schedule-ahead"])
     result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert result["platform"] == "gpu" and result["schedule_ahead"] is ahead
     assert code == 0 and result["identical"] is True and result["compiles_while_serving"] == 0
