@@ -16,7 +16,7 @@ from pallas_kernels import PAD
 
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
-from hicache_jax.pools.host_views import block_view, check_views
+from hicache_jax.pools.host_views import check_views
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.moves import EarlyCopy, Move, Piece, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
@@ -65,7 +65,7 @@ class HostBlocks:
                     elif copied is not None:
                         pieces.append(Piece(copied[1], 0, k, dst + piece, copied=True))
                     else:
-                        view = self._view(table.arrays[block], row + piece, 1 << k)
+                        view = self._view(table, block, row + piece, 1 << k)
                         pieces.append(Piece(view, 0, k, dst + piece) if view is not None
                                       else Piece(table.arrays[block], row + piece, k, dst + piece))
                 dst += n
@@ -114,15 +114,15 @@ class HostBlocks:
         (block, row, _), *more = table.segments(start, n)
         if more or block == NO_BLOCK or _early_piece(early, table.arrays[block], row, n.bit_length() - 1):
             return None
-        return self._view(table.arrays[block], row, n)
+        return self._view(table, block, row, n)
 
-    def _view(self, block: tuple[jax.Array, ...], row: int, rows: int) -> tuple[jax.Array, ...] | None:
+    def _view(self, table, block: int, row: int, rows: int) -> tuple[jax.Array, ...] | None:
         """`rows` rows of `block` from `row` as a block of their own that shares its memory
         (moved by one DMA, where a slice of the block is read by a kernel), or None: all of
         the block (it moves as it is), or `block_view`'s None (too small, several devices)."""
-        if rows == block_rows(block):
+        if rows == block_rows(table.arrays[block]):
             return None
-        return block_view(block, row, rows, self.view_bytes)
+        return table.view(block, row, rows, self.view_bytes)
 
     @staticmethod
     def load_keys(progs: AllocatorPrograms, part: chunking.Chunk, move: Move) -> list[tuple]:

@@ -32,7 +32,6 @@ import numpy as np
 from hicache_jax.plan import Direction, TransferPlan, coalesce
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
-from hicache_jax.pools.host_views import block_view
 from hicache_jax.transfer.blocks import binary
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
@@ -133,7 +132,7 @@ class EarlyCopies:
                 return bool(calls)
             array = table.whole(start, n)     # the usual hit: one whole block (no segments to cut)
             if array is not None:
-                row, length = 0, n
+                block, row, length = int(table.block_of[start]), 0, n
             else:
                 segments = table.segments(start, n)
                 if len(segments) != 1 or segments[0][0] == NO_BLOCK:
@@ -144,7 +143,8 @@ class EarlyCopies:
                 wanted = [(id(array), lambda: progs.compiled(Program.COPY, length)(array))] \
                     if self.early(progs, length) else []
             else:
-                wanted = [((id(array), row + offset, k), lambda offset=offset, k=k: self._rows(progs, array, row + offset, k))
+                wanted = [((id(array), row + offset, k),
+                           lambda offset=offset, k=k: self._rows(progs, table, block, row + offset, k))
                           for offset, k in chunk_pieces(length, progs.chunk_pages) if self.early(progs, 1 << k)]
             for key, copy in wanted:
                 if calls == MAX_COPIES:
@@ -154,12 +154,13 @@ class EarlyCopies:
                 calls += 1
         return bool(calls)
 
-    def _rows(self, progs: AllocatorPrograms, array, row: int, k: int):
-        """The device copy of `2**k` rows of `array` from `row`: a view of them copied whole
+    def _rows(self, progs: AllocatorPrograms, table, block: int, row: int, k: int):
+        """The device copy of `2**k` rows of `block` from `row`: a view of them copied whole
         (`copy`, one DMA) where they hold `view_bytes`, else read out of the block (`read`)."""
-        view = block_view(array, row, 1 << k, self.view_bytes)
+        view = table.view(block, row, 1 << k, self.view_bytes)
         if view is not None:
             return progs.compiled(Program.COPY, 1 << k)(view)
+        array = table.arrays[block]
         return progs.compiled(Program.READ, block_rows(array), k)(array, self._ints.one(row))
 
 

@@ -9,8 +9,8 @@ import pytest
 import hicache_jax as hc
 from hicache_jax.pools import host_views
 from hicache_jax.pools.host_views import live_views, rows_view
-from hicache_jax.transfer import blocks, host_compute_violations
-from hicache_jax.transfer import early as early_copies
+from hicache_jax.pools import host_tier
+from hicache_jax.transfer import host_compute_violations
 
 DEV = jax.devices()[0]
 HOST = jax.sharding.make_single_device_sharding(DEV, memory_kind="pinned_host")
@@ -68,28 +68,56 @@ def test_parts_of_host_blocks_load_as_views_of_their_rows_exactly(name, tp, grou
     only a one-device engine with views on makes views. With early copies (of every size
     here), a load's rows are viewed once: by the early copy, which the load then uses."""
     from tests.transfer.test_round_trip import Harness
-    made = []                                       # (block, row, rows) of each view made
+    made, used = [], []                             # (block, row, rows) of each view made, and used
+    real_make, real_view = host_tier.block_view, host_tier.BlockTable.view
 
     def block_view(block, row, rows, min_bytes):
-        view = host_views.block_view(block, row, rows, min_bytes)
+        view = real_make(block, row, rows, min_bytes)
         made.extend([(block, row, rows)] if view is not None else [])
         return view
-    monkeypatch.setattr(blocks, "block_view", block_view)      # a load's views
-    monkeypatch.setattr(early_copies, "block_view", block_view)  # an early copy's
+
+    def table_view(table, block, row, rows, min_bytes):
+        view = real_view(table, block, row, rows, min_bytes)
+        used.extend([(table.arrays[block], row, rows)] if view is not None else [])
+        return view
+    monkeypatch.setattr(host_tier, "block_view", block_view)
+    monkeypatch.setattr(host_tier.BlockTable, "view", table_view)      # a load's views and an early copy's
     t = Harness(name, tp, "reference", groups, fuse_after=0, view_bytes=0 if views else None)
     t.engine._early.early_bytes = 0 if early else 1 << 62
     t.run("backup", {a: (np.arange(8), np.arange(16, 24)) for a in t.allocators})
     for dev, host in (([9, 3], [18, 19]),                 # a run inside one block
                       ([11, 0, 5], [17, 20, 22]),         # pieces of blocks
                       ([1, 2, 4], [23, 3, 16])):          # and a one-row block
-        before = len(made)
-        t.run("load", {a: (np.array(dev), np.array(host)) for a in t.allocators})
-        viewed = [(id(block[0]), row, rows) for block, row, rows in made[before:]]
-        assert len(set(viewed)) == len(viewed), "rows viewed twice for one load"
-    assert bool(made) == (views and tp is None)
+        for again in (False, True):         # the same rows loaded twice: the views are made once
+            made_before, used_before = len(made), len(used)
+            t.run("load", {a: (np.array(dev), np.array(host)) for a in t.allocators})
+            viewed = [(id(block[0]), row, rows) for block, row, rows in used[used_before:]]
+            assert len(set(viewed)) == len(viewed), "rows moved twice for one load"
+            assert not again or len(made) == made_before, "a view made again"
+    assert bool(made) == bool(used) == (views and tp is None)
     assert all(row > 0 or rows < block[0].shape[0] for block, row, rows in made)   # never a whole block
     jaxprs = t.engine.program_jaxprs()
     assert jaxprs and all(not host_compute_violations(j) for j in jaxprs.values())
+
+
+def test_a_blocks_views_are_kept_with_it_and_dropped_with_it():
+    from tests.transfer.test_round_trip import Harness
+    t = Harness("tiny_v4", None, "reference", fuse_after=0, view_bytes=0)
+    backup = {a: (np.arange(8), np.arange(16, 24)) for a in t.allocators}
+    t.run("backup", backup)
+    t.run("load", {a: (np.array([9, 3]), np.array([18, 19])) for a in t.allocators})
+    tables = [t.engine.host.tables[a] for a in t.allocators]
+    kept = {id(table): set(table.views) for table in tables}
+    assert any(kept.values())
+    gc.collect()
+    before = live_views()
+    t.run("backup", backup)                  # the same host pages written again: their old blocks go
+    gc.collect()
+    for table in tables:
+        table.check_invariants()
+        assert not kept[id(table)] & set(table.views)
+    if DEV.platform != "cpu":                # (the CPU copies a view at once: none stays alive)
+        assert live_views() < before
 
 
 def test_rows_under_view_bytes_are_not_viewed():
