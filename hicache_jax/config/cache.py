@@ -106,7 +106,7 @@ class TransferConfig:
     kernels: str = "auto"                       # pack/unpack kernels: a name of `pallas_kernels.IMPLS`
     block_bytes: int | None = None              # bytes one kernel copy moves (default: the backend's)
     fuse_after: int = 0                         # loads of one shape of pieces before its program compiles (0: never)
-    view_bytes: int | None = 32 << 20           # parts of host blocks this large move as views of their rows
+    view_bytes: int | None = 4 << 20            # parts of host blocks this large move as views of their rows (H100)
 
     def __post_init__(self):
         check = _Checker(self)

@@ -128,8 +128,8 @@ def test_rows_under_view_bytes_are_not_viewed():
     assert [np.asarray(v).tolist() for v in view] == [np.asarray(b)[2:6].tolist() for b in block]
 
 
-def test_the_default_views_runs_of_32_mb_and_more():
-    assert hc.TransferConfig().view_bytes == 32 << 20
+def test_the_default_views_runs_of_4_mb_and_more():
+    assert hc.TransferConfig().view_bytes == 4 << 20
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, "32M", True])
