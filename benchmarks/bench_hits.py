@@ -14,6 +14,9 @@ it was backed up and by what the next request shares (P = --pages, the kv pages 
     shared_prompt     write-through; a conversation S + T (P + P pages, windows kept at the
                       ends of S and T) backed up as one node; the hit is S + other text, so it
                       covers S only: the first half of that backup (the tree splits the node)
+    shared_again      the same, but one S + T backed up once and S hit every round by another
+                      question, evicted in between: a system prompt many requests share, its
+                      host rows the same block's each time (its host views kept, if any)
     multi_turn        write-back; turn 1 (P/2 pages) inserted, turn 2 (turn 1 + the rest of
                       P pages) inserted reusing turn 1's device pages, both evicted together;
                       turn 3 (turn 2 + more) hits turn 1 + turn 2 whole (two nodes; P = 1:
@@ -66,7 +69,8 @@ from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repo
 
 import hicache_jax as hc  # noqa: E402
 
-MODES = ("whole_block", "write_back_batch", "shared_prompt", "multi_turn", "first_vs_repeat", "batched")
+MODES = ("whole_block", "write_back_batch", "shared_prompt", "shared_again", "multi_turn", "first_vs_repeat",
+         "batched")
 BATCH_PROMPTS = 4          # write_back_batch: prompts evicted together
 FUSE_AFTER = 4     # each mode's hits repeat one shape of pieces: they opt into its fused program
 WARM = FUSE_AFTER  # warm-up rounds: the shape's program starts compiling at its FUSE_AFTER-th load
@@ -203,6 +207,23 @@ def shared_prompt(h: Hits, pages: int, rounds: int) -> dict:
     return {"hit_pages": pages, "backed_up_pages": 2 * pages, "backup_transfers": max(batches)}
 
 
+def shared_again(h: Hits, pages: int, rounds: int) -> dict:
+    system, turn = h.fresh(pages), h.fresh(pages)
+    before = counted(h.cache, "backup_transfers")
+    req = compute(h.cache, np.concatenate([system, turn]), h.seed, stops=(pages,))
+    to_host(h.cache)
+    batches = counted(h.cache, "backup_transfers") - before
+    ref = h.reference(prefix_bytes(h.cache.layout, pages))
+
+    def one_round(r):
+        to_host(h.cache)
+        other = h.fresh(1)
+        other[0] = turn[0] + 1                      # another question after the same system prompt
+        return [lambda: {"hit": h.hit("hit", req, np.concatenate([system, other]), pages)}, ref]
+    h.rounds(rounds, WARM, one_round)
+    return {"hit_pages": pages, "backed_up_pages": 2 * pages, "backup_transfers": batches}
+
+
 def multi_turn(h: Hits, pages: int, rounds: int) -> dict:
     first = max(1, pages // 2)
     total = max(pages, first + 1)
@@ -269,7 +290,7 @@ def batched(h: Hits, pages: int, rounds: int, n: int) -> dict:
 
 
 SHAPES = {"whole_block": whole_block, "write_back_batch": write_back_batch, "shared_prompt": shared_prompt,
-          "multi_turn": multi_turn, "first_vs_repeat": first_vs_repeat}
+          "shared_again": shared_again, "multi_turn": multi_turn, "first_vs_repeat": first_vs_repeat}
 
 
 def needs(mode: str, pages: int, n: int, window: int) -> tuple[str, int, int]:
@@ -277,6 +298,7 @@ def needs(mode: str, pages: int, n: int, window: int) -> tuple[str, int, int]:
     return {"whole_block": ("write_through", pages, window),
             "write_back_batch": ("write_back", BATCH_PROMPTS * pages, BATCH_PROMPTS * window),
             "shared_prompt": ("write_through", 2 * pages, 2 * window),
+            "shared_again": ("write_through", 2 * pages, 2 * window),
             "multi_turn": ("write_back", max(pages, 2), 2 * window),
             "first_vs_repeat": ("write_through", pages, window),
             "batched": ("write_through", n * pages, n * window)}[mode]

@@ -159,7 +159,7 @@ def test_api_ab_smoke(tmp_path):
 
 def test_bench_hits_smoke(tmp_path):
     """Host hits as traffic shapes them (a whole backup, part of a write-back batch, a shared
-    system prompt, two turns, first vs repeat, N requests): every one byte-exact, moving the
+    system prompt, fresh and hit again, two turns, first vs repeat, N requests): every one byte-exact, moving the
     bytes of its contiguous reference, with nothing compiled while timed."""
     out = tmp_path / "result.json"
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_hits.py"), "--smoke", "--out", str(out)],
@@ -168,8 +168,10 @@ def test_bench_hits_smoke(tmp_path):
     result = json.loads(r.stdout.strip().splitlines()[-1])
     assert result == json.loads(out.read_text()) and result["exact"] is True
     runs = result["runs"]
-    assert {r["mode"] for r in runs} == {"whole_block", "write_back_batch", "shared_prompt", "multi_turn",
-                                         "first_vs_repeat", "batched"}
+    assert {r["mode"] for r in runs} == {"whole_block", "write_back_batch", "shared_prompt", "shared_again",
+                                         "multi_turn", "first_vs_repeat", "batched"}
+    again = [r for r in runs if r["mode"] == "shared_again"]      # one backup, hit round after round
+    assert again and all(r["backup_transfers"] == 1 and r["backed_up_pages"] == 2 * r["pages"] for r in again)
     assert {r["config"] for r in runs} == {"tiny-v4", "tiny-gqa"} and {r["pages"] for r in runs} == {1, 4}
     for r in runs:
         assert r["exact"] and r["bytes_as_expected"] and r["checked_hits"] > r["rounds"], r
