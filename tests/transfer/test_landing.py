@@ -16,14 +16,17 @@ from hicache_jax.transfer.moves import EarlyCopy, Piece, Pieces, WholeBlock
 from conftest import CONFIGS, tp_mesh
 
 
-def engine_for(name, groups, kernels="reference", tp=None, landing_buckets=4):
+def engine_for(name, groups, kernels="reference", tp=None, landing_buckets=4, view_bytes=None):
+    """An engine over 8 device and 16 host pages of each allocator; no host views unless
+    `view_bytes` says (a view of rows inside a block would be one more whole block to land)."""
     layout = hc.build_layout(hc.load_model_config(CONFIGS / f"{name}.json"))
     allocators = [p.name for p in layout.allocator_pools if layout.moving_with(p.name)]
     mesh = tp_mesh(tp) if tp else None
     return layout, allocators, TransferEngine(layout, {a: 8 for a in allocators}, {a: 16 for a in allocators},
                                               mesh=mesh,
                                               config=TransferConfig(kernels=kernels, layer_groups=groups,
-                                                                    landing_buckets=landing_buckets))
+                                                                    landing_buckets=landing_buckets,
+                                                                    view_bytes=view_bytes))
 
 
 def random_pools(engine, seed):
@@ -51,8 +54,9 @@ def step_fn(num_layers, lead):
     ("tiny_v4", 2, 1, "reference", None), ("tiny_v41", 3, 0, "reference", None),
     ("tiny_gqa", 2, 2, "triton_interpret", None), ("tiny_v4", 1, 1, "reference", None),
     ("tiny_gqa", 4, 1, "reference", 2)])   # tp: each rank lands its shard of the sharded pool
-def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, kernels, tp):
-    layout, allocators, engine = engine_for(name, groups, kernels, tp)
+@pytest.mark.parametrize("views", [False, True])
+def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, kernels, tp, views):
+    layout, allocators, engine = engine_for(name, groups, kernels, tp, view_bytes=0 if views else None)
     pools = random_pools(engine, 0)
     # back up whole runs (one block each) and a fragmented run, then load them to other pages
     backup = {a: (np.arange(4), np.arange(4, 8)) for a in allocators}
@@ -72,8 +76,9 @@ def test_a_step_lands_a_deferred_load_like_a_blocking_one(name, groups, lead, ke
     landing = h.landing
     assert isinstance(landing, Landing) and landing.groups == groups and not h.done()
     # one whole block of the anchor allocator (its whole blocks here are 1-page ones); the
-    # rest, the slice of a 4-page block and the other allocators' blocks, moved now
-    assert [block[0].shape[0] for block in landing.blocks] == [1]
+    # rest, the slice of a 4-page block and the other allocators' blocks, moved now. With
+    # views (one device), that slice is a 2-row block of its own: the largest, so the step's
+    assert [block[0].shape[0] for block in landing.blocks] == [2 if views and tp is None else 1]
     with pytest.raises(RuntimeError, match="no step has landed"):
         h.wait()
     num_layers = layer_groups.num_model_layers(layout)
