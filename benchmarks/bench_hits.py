@@ -106,6 +106,13 @@ class Hits:
         self.seed += 1
         return tokens(self.seed, pages * self.page)
 
+    def other_question(self, turn: np.ndarray) -> np.ndarray:
+        """One page of new text whose first token differs from `turn`'s: another question
+        after the same system prompt."""
+        other = self.fresh(1)
+        other[0] = turn[0] + 1
+        return other
+
     def hit(self, name: str, request, prompt, pages: int) -> float:
         """Time `acquire(prompt)`, which must bring `pages` kv pages from the host; check its
         bytes against `request`, unlock. Returns seconds."""
@@ -200,9 +207,8 @@ def shared_prompt(h: Hits, pages: int, rounds: int) -> dict:
         req = compute(h.cache, np.concatenate([system, turn]), h.seed, stops=(pages,))
         to_host(h.cache)
         batches.append(counted(h.cache, "backup_transfers") - before)
-        other = h.fresh(1)
-        other[0] = turn[0] + 1                      # another question after the same system prompt
-        return [lambda: {"hit": h.hit("hit", req, np.concatenate([system, other]), pages)}, ref]
+        asked = np.concatenate([system, h.other_question(turn)])
+        return [lambda: {"hit": h.hit("hit", req, asked, pages)}, ref]
     h.rounds(rounds, WARM, one_round)
     return {"hit_pages": pages, "backed_up_pages": 2 * pages, "backup_transfers": max(batches)}
 
@@ -217,9 +223,8 @@ def shared_again(h: Hits, pages: int, rounds: int) -> dict:
 
     def one_round(r):
         to_host(h.cache)
-        other = h.fresh(1)
-        other[0] = turn[0] + 1                      # another question after the same system prompt
-        return [lambda: {"hit": h.hit("hit", req, np.concatenate([system, other]), pages)}, ref]
+        asked = np.concatenate([system, h.other_question(turn)])
+        return [lambda: {"hit": h.hit("hit", req, asked, pages)}, ref]
     h.rounds(rounds, WARM, one_round)
     return {"hit_pages": pages, "backed_up_pages": 2 * pages, "backup_transfers": batches}
 
@@ -363,7 +368,7 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="tiny_v4 and tiny_gqa, 1 and 4 pages, batch 1 and 4, 2 rounds, every mode (flags "
                          "given override these): CPU, seconds")
-    ap.add_argument("--view-mb", type=lambda v: None if v == "none" else float(v), default=-1.0,
+    ap.add_argument("--view-mb", default=None,
                     help="TransferConfig.view_bytes in MB: parts of host blocks this large move as DLPack views "
                          "of their rows (0: every part; none: never; default: the config's)")
     ap.add_argument("--early-copy-mb", type=float, default=None,
@@ -379,8 +384,14 @@ def main():
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     args.out = args.out or default_out("bench_hits.json", args.smoke)
-    transfer = {**({} if args.view_mb == -1.0 else {"view_bytes": None if args.view_mb is None else int(args.view_mb * 1e6)}),
-                **({} if args.early_copy_mb is None else {"early_copy_bytes": int(args.early_copy_mb * 1e6)})}
+    transfer = {}
+    if args.view_mb is not None:
+        try:
+            transfer["view_bytes"] = None if args.view_mb == "none" else int(float(args.view_mb) * 1e6)
+        except ValueError:
+            ap.error(f"--view-mb: a number of MB or none, got {args.view_mb!r}")
+    if args.early_copy_mb is not None:
+        transfer["early_copy_bytes"] = int(args.early_copy_mb * 1e6)
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),
               "transfer": transfer, "runs": []}
     print(f"{'config':20} {'mode':17} {'pages':>5} {'N':>3} {'MB':>9} {'hit ms':>9} {'contig ms':>9} {'ratio':>6} "
