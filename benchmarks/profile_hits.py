@@ -106,11 +106,11 @@ def summarise(trace: dict) -> dict:
             "last_hit": window[:120] if from_call else window[-120:], "hits": hits}
 
 
-def profiled(config: str, mode: str, pages: int, n: int, rounds: int) -> dict:
+def profiled(config: str, mode: str, pages: int, n: int, rounds: int, transfer: dict | None = None) -> dict:
     import jax
     with tempfile.TemporaryDirectory() as folder:
         with jax.profiler.trace(folder, create_perfetto_trace=True):
-            row = bench_hits.run(config, mode, pages, rounds, n, 0, 1 << 40)
+            row = bench_hits.run(config, mode, pages, rounds, n, 0, 1 << 40, transfer)
         files = glob.glob(f"{folder}/**/perfetto_trace.json.gz", recursive=True)
         if not files:
             raise RuntimeError(f"the profiler wrote no Perfetto trace under {folder}")
@@ -120,7 +120,7 @@ def profiled(config: str, mode: str, pages: int, n: int, rounds: int) -> dict:
     # the batched mode times both sides (its top-level figures are the one-by-one side's)
     sides = {side: {k: row[side].get(k) for k in ("ms", "ratio", "dispatches", "first_call_ms")}
              for side in ("one_by_one", "acquire_many") if side in row}
-    return {"config": config, "mode": mode, "pages": pages, "batch": n, "rounds": rounds,
+    return {"config": config, "mode": mode, "pages": pages, "batch": n, "rounds": rounds, "transfer": transfer or {},
             **{k: row.get(k) for k in keep}, **({"sides": sides} if sides else {}), **summary}
 
 
@@ -128,20 +128,31 @@ def main(argv=None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--config", default="deepseek_v4_flash", help="model config (configs/NAME.json)")
     ap.add_argument("--rounds", type=int, default=4, help="measured rounds per run (each hit is traced)")
+    ap.add_argument("--runs", default=None,
+                    help="MODE:PAGES:REQUESTS, comma-separated (default: " + ",".join(":".join(map(str, r)) for r in RUNS) + ")")
+    ap.add_argument("--early-copy-mb", type=float, default=None,
+                    help="TransferConfig.early_copy_bytes in MB (larger than any block: no early copies)")
     ap.add_argument("--smoke", action="store_true", help="tiny_v4, one and four pages, one round (CPU, CI)")
     ap.add_argument("--out", type=pathlib.Path, default=None,
                     help="result JSON (default: benchmarks/results/profile_hits.json, or $OUT)")
     args = ap.parse_args(argv)
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
-    runs = [("shared_prompt", 4, 1), ("batched", 1, 4)] if args.smoke else RUNS
+    try:
+        runs = [(m, int(p), int(n)) for m, p, n in (r.split(":") for r in args.runs.split(","))] if args.runs else RUNS
+    except ValueError:
+        ap.error(f"--runs: MODE:PAGES:REQUESTS, comma-separated, got {args.runs!r}")
+    if unknown := [m for m, _, _ in runs if m not in (*bench_hits.SHAPES, "batched")]:
+        ap.error(f"--runs: unknown mode {unknown[0]!r}")
+    runs = [("shared_prompt", 4, 1), ("batched", 1, 4)] if args.smoke else runs
+    transfer = {} if args.early_copy_mb is None else {"early_copy_bytes": int(args.early_copy_mb * 1e6)}
     config, rounds = ("tiny_v4", 1) if args.smoke else (args.config, args.rounds)
     import jax
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": jax.devices()[0].device_kind,
               "runs": []}
     out = args.out or default_out("profile_hits.json", args.smoke)
     for mode, pages, n in runs:
-        r = profiled(config, mode, pages, n, rounds)
+        r = profiled(config, mode, pages, n, rounds, transfer)
         result["runs"].append(r)
         sides = "".join(f", {side} {v['ms']} ms ({v['ratio']})" for side, v in r.get("sides", {}).items())
         print(f"{mode:14} {pages:4} pages x {n:2}: {r['ms']} ms, ratio {r['ratio']}{sides}, "

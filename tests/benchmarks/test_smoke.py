@@ -297,6 +297,14 @@ def test_profile_hits_smoke(tmp_path):
     assert "sides" not in result["runs"][0]
 
 
+@pytest.mark.parametrize("flags", [["--runs", "batched:16"], ["--runs", "batched:x:16"], ["--runs", "nope:1:1"],
+                                   ["--rounds", "0"]])
+def test_profile_hits_refuses_bad_flags(flags):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "profile_hits.py"), *flags],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and flags[0] in r.stderr.splitlines()[-1]
+
+
 def test_profile_hits_summarises_device_timelines():
     """The summary keeps accelerator events only, grouped by name, and the last hit's window."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
