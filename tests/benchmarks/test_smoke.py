@@ -233,6 +233,21 @@ def test_probe_host_reads_smoke(tmp_path):
     assert (tmp_path / "hlo" / "dynamic_slice_16of64rows.hlo.txt").read_text().strip()
 
 
+def test_probe_many_blocks_smoke(tmp_path):
+    """benchmarks/probe_many_blocks.py: every way moves the blocks' bytes, each timed against one copy."""
+    result = run("probe_many_blocks.py", tmp_path)
+    assert result["exact"] is True and result["total_bytes"] == 3 * 4096 + 3 * 1024
+    assert set(result["ways"]) == {"contiguous", "puts", "list_put", "one_jit", "one_jit_join", "two_programs"}
+    assert all(w["ms_p50"] > 0 and ("ratio_p50" in w) == (name != "contiguous") for name, w in result["ways"].items())
+
+
+@pytest.mark.parametrize("flags", [["--blocks", "16x6"], ["--blocks", "0x4096"], ["--blocks", "16"], ["--rounds", "0"]])
+def test_probe_many_blocks_refuses_bad_flags(flags):
+    r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_many_blocks.py"), *flags],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and flags[0] in r.stderr.splitlines()[-1]
+
+
 @pytest.mark.parametrize("flags", [["--rows", "0"], ["--row-bytes", "6"], ["--rows", "40", "--block-rows", "64,16"]])
 def test_probe_host_reads_refuses_bad_flags(flags):
     r = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "probe_host_reads.py"), *flags],
