@@ -6,7 +6,7 @@ with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then
 device events grouped by name (count, median and total microseconds) and, for each timed
 side (`hit`; the batched mode's `one_by_one` and `acquire_many`), the device events of its
 last call, in order: its DMAs, slice fusions, joins and unpack kernels (`hits`). A timed
-call is marked on the host's timeline (`hit:<side>`, `hit_requests.Probe.time`, from the
+call is marked on the host's timeline (`hit.<side>`, `hit_requests.Probe.time`, from the
 call to the device done), so its window holds the early copies and reads it started before
 its load program. Without marks the last hit's window is anchored on a load program
 (`load_block`, `load_pieces`, `plan_load`, `fused_load`): from the host's last call of one
@@ -33,6 +33,7 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import bench_hits  # noqa: E402
+from hit_requests import HIT_MARK  # noqa: E402  (the host's mark of a timed call, Probe.time)
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
 
 # (mode, kv pages per prefix, requests): a whole block against the hits on parts of blocks
@@ -40,7 +41,6 @@ RUNS = [("whole_block", 256, 1), ("shared_prompt", 256, 1), ("multi_turn", 256, 
         ("whole_block", 1, 1), ("shared_prompt", 1, 1)]
 WINDOW_US = 15_000
 LOAD_PROGRAMS = ("load_block", "load_pieces", "plan_load", "fused_load")
-HIT_MARK = "hit:"        # the host's mark of a timed call (hit_requests.Probe.time)
 LEAD_US = 500            # a side's window starts this long before its call
 
 
@@ -100,7 +100,7 @@ def summarise(trace: dict) -> dict:
         start, end, anchor = _window(events, host)
         from_call = anchor.startswith("host: ")                  # times from the call, or to the end
         window = _events(events, threads, start, end, start if from_call else end)
-    return {"device_events": len(events), "anchor": anchor,
+    return {"device_events": len(events), "anchor": anchor, "marked": sorted(marks),
             "by_name": [{"name": n, "count": len(d), "median_us": round(statistics.median(d), 1),
                          "total_us": round(sum(d), 1)} for n, d in top],
             "last_hit": window[:120] if from_call else window[-120:], "hits": hits}

@@ -310,6 +310,8 @@ def test_profile_hits_smoke(tmp_path):
     sides = result["runs"][1]["sides"]    # the batched mode keeps both sides: one acquire each, acquire_many
     assert sides["acquire_many"]["dispatches"] == 1 and sides["one_by_one"]["dispatches"] >= 4
     assert "sides" not in result["runs"][0]
+    # the profiler keeps each timed call's mark (a CPU trace too): the sides' windows are found by them
+    assert result["runs"][0]["marked"] == ["hit"] and result["runs"][1]["marked"] == ["acquire_many", "one_by_one"]
 
 
 @pytest.mark.parametrize("flags", [["--runs", "batched:16"], ["--runs", "batched:x:16"], ["--runs", "nope:1:1"],
@@ -324,6 +326,7 @@ def test_profile_hits_summarises_device_timelines():
     """The summary keeps accelerator events only, grouped by name, and the last hit's window."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import profile_hits
+    from hit_requests import HIT_MARK
     trace = {"traceEvents": [
         {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
         {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
@@ -354,11 +357,11 @@ def test_profile_hits_summarises_device_timelines():
                                 "args": {"hlo_module": "jit_fused_load"}}       # the module in its arguments
     assert profile_hits.summarise(trace)["anchor"] == "host: Execute"
     # marked calls (hit_requests.Probe.time) give each side its own window, from just before its call to its end
-    trace["traceEvents"] += [{"ph": "X", "name": "hit:acquire_many", "pid": 2, "tid": 1, "ts": 28400.0, "dur": 1700.0},
-                             {"ph": "X", "name": "hit:one_by_one", "pid": 2, "tid": 1, "ts": 200.0, "dur": 100.0},
-                             {"ph": "X", "name": "hit:one_by_one", "pid": 2, "tid": 1, "ts": 90.0, "dur": 5.0}]
+    trace["traceEvents"] += [{"ph": "X", "name": HIT_MARK + "acquire_many", "pid": 2, "tid": 1, "ts": 28400.0, "dur": 1700.0},
+                             {"ph": "X", "name": HIT_MARK + "one_by_one", "pid": 2, "tid": 1, "ts": 200.0, "dur": 100.0},
+                             {"ph": "X", "name": HIT_MARK + "one_by_one", "pid": 2, "tid": 1, "ts": 90.0, "dur": 5.0}]
     s = profile_hits.summarise(trace)
-    assert s["anchor"] == "hit:acquire_many" and s["hits"]["acquire_many"]["call_us"] == 1700.0
+    assert s["anchor"] == HIT_MARK + "acquire_many" and s["hits"]["acquire_many"]["call_us"] == 1700.0
     assert [(w["name"], w["at_us"]) for w in s["last_hit"]] == [("jit_fused_load", -400.0), ("memcpy", 600.0),
                                                                ("scatter", 1600.0)]
     assert [w["name"] for w in s["hits"]["one_by_one"]["events"]] == ["scatter"]      # the side's last call only
