@@ -53,6 +53,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from flags import count, number_list  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
+from pairing import paired_rounds  # noqa: E402
 
 from hicache_jax.pools.host_views import rows_view  # noqa: E402
 
@@ -171,19 +172,7 @@ def probe(block: jax.Array, expected: np.ndarray, n: int, args, device_sharding)
             _, out = timed(way)
         if not np.array_equal(np.asarray(out), want):
             raise SystemExit(f"probe: way {name} read other bytes than the block holds at rows {start}..{start + n}")
-    names = [w for w in ways.ways if w != "contiguous"]
-    ms = {w: [] for w in ways.ways}
-    ratios = {w: [] for w in names}
-    for r in range(args.rounds):
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]
-            pair = [("contiguous", ways.ways["contiguous"]), (name, ways.ways[name])]
-            if (r + k) % 2:
-                pair.reverse()
-            got = {w: timed(fn)[0] for w, fn in pair}
-            ms[name].append(got[name])
-            ms["contiguous"].append(got["contiguous"])
-            ratios[name].append(got["contiguous"] / got[name])
+    ms, ratios = paired_rounds(ways.ways, args.rounds, timed)
     if args.hlo_dir is not None:
         args.hlo_dir.mkdir(parents=True, exist_ok=True)
         for name, text in ways.hlo.items():

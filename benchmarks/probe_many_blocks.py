@@ -38,6 +38,7 @@ ROOT = pathlib.Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 from flags import count  # noqa: E402
 from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repository root)
+from pairing import paired_rounds  # noqa: E402
 
 _DEVICE = jax.memory.Space.Device
 V4_FLASH = "16x15971328,16x8160000"      # 16 kv blocks of 16 pages (998,208 B each), 16 SWA pages
@@ -115,18 +116,7 @@ def main(argv=None) -> dict:
         got = np.concatenate([np.asarray(a).ravel() for a in out])
         if not np.array_equal(got, ways.expected[0]):
             raise SystemExit(f"probe_many_blocks: way {name} moved other bytes than the blocks hold")
-    names = [w for w in ways.ways if w != "contiguous"]
-    ms, ratios = {w: [] for w in ways.ways}, {w: [] for w in names}
-    for r in range(args.rounds):
-        for k in range(len(names)):
-            name = names[(r + k) % len(names)]
-            pair = [("contiguous", ways.ways["contiguous"]), (name, ways.ways[name])]
-            if (r + k) % 2:
-                pair.reverse()
-            got = {w: timed(fn)[0] for w, fn in pair}
-            ms[name].append(got[name])
-            ms["contiguous"].append(got["contiguous"])
-            ratios[name].append(got["contiguous"] / got[name])
+    ms, ratios = paired_rounds(ways.ways, args.rounds, timed)
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": jax.devices()[0].device_kind,
               "blocks": [{"count": n, "bytes": b} for n, b in args.blocks], "rounds": args.rounds,
               "total_bytes": sum(n * b for n, b in args.blocks), "exact": True,   # else it stopped above
