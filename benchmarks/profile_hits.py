@@ -5,7 +5,8 @@ For each (mode, pages, requests) it runs `bench_hits.run` (every hit byte-checke
 with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then keeps the
 device events grouped by name (count, median and total microseconds) and, for each timed
 side (`hit`; the batched mode's `one_by_one` and `acquire_many`), the device events of its
-last call, in order: its DMAs, slice fusions, joins and unpack kernels (`hits`). A timed
+last call, in order: its DMAs, slice fusions, joins and unpack kernels (`hits`), and each
+stream's count, first start, last end and busy time in that window (`streams`). A timed
 call is marked on the host's timeline (`hit.<side>`, `hit_requests.Probe.time`, from the
 call to the device done), so its window holds the early copies and reads it started before
 its load program. Without marks the last hit's window is anchored on a load program
@@ -82,6 +83,22 @@ def _events(events: list[dict], threads: dict, start: float, end: float, at: flo
             for e in events if start <= e["ts"] < end]
 
 
+def streams(events: list[dict]) -> dict[str, dict]:
+    """Per stream of a window's events (times from the call): how many, the first start, the
+    last end, and the time busy (overlaps counted once): the gaps between a call's DMAs and its
+    kernels, and when its last work ended."""
+    out = {}
+    for name in sorted({e["stream"] for e in events}):
+        spans = sorted((e["at_us"], e["at_us"] + e["dur_us"]) for e in events if e["stream"] == name)
+        busy, reach = 0.0, spans[0][0]
+        for start, end in spans:
+            busy += max(0.0, end - max(start, reach))
+            reach = max(reach, end)
+        out[name] = {"count": len(spans), "first_us": spans[0][0], "last_end_us": round(reach, 1),
+                     "busy_us": round(busy, 1)}
+    return out
+
+
 def summarise(trace: dict) -> dict:
     events, host, threads = timelines(trace)
     by_name = collections.defaultdict(list)
@@ -89,9 +106,10 @@ def summarise(trace: dict) -> dict:
         by_name[e["name"][:100]].append(e["dur"])
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
     marks = {e["name"][len(HIT_MARK):]: e for e in host if e["name"].startswith(HIT_MARK)}   # each side's last
-    hits = {side: {"call_us": round(e["dur"], 1),
-                   "events": _events(events, threads, e["ts"] - LEAD_US, e["ts"] + e["dur"], e["ts"])[:200]}
-            for side, e in marks.items()} if events else {}
+    hits = {}
+    for side, e in (marks.items() if events else ()):
+        seen = _events(events, threads, e["ts"] - LEAD_US, e["ts"] + e["dur"], e["ts"])
+        hits[side] = {"call_us": round(e["dur"], 1), "streams": streams(seen), "events": seen[:200]}
     window, anchor, from_call = [], None, True
     if hits:                                                     # the last marked call
         side = max(marks, key=lambda k: marks[k]["ts"])

@@ -365,6 +365,12 @@ def test_profile_hits_summarises_device_timelines():
     assert [(w["name"], w["at_us"]) for w in s["last_hit"]] == [("jit_fused_load", -400.0), ("memcpy", 600.0),
                                                                ("scatter", 1600.0)]
     assert [w["name"] for w in s["hits"]["one_by_one"]["events"]] == ["scatter"]      # the side's last call only
+    # each stream of a side's window: its events, first start, last end, busy time (overlaps once)
+    spans = [("a", 0.0, 10.0), ("a", 5.0, 10.0), ("a", 30.0, 5.0), ("b", -2.0, 1.0)]
+    assert profile_hits.streams([{"stream": n, "at_us": at, "dur_us": d} for n, at, d in spans]) == {
+        "a": {"count": 3, "first_us": 0.0, "last_end_us": 35.0, "busy_us": 20.0},
+        "b": {"count": 1, "first_us": -2.0, "last_end_us": -1.0, "busy_us": 1.0}}
+    assert set(s["hits"]["acquire_many"]["streams"]) == {w["stream"] for w in s["hits"]["acquire_many"]["events"]}
 
 
 @pytest.mark.slow
