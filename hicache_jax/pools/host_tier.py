@@ -35,7 +35,7 @@ import numpy as np
 
 from hicache_jax.layout import PoolLayout
 from hicache_jax.pools.device_pools import checked_page_counts
-from hicache_jax.pools.host_views import block_view
+from hicache_jax.pools.host_views import block_view, viewable
 from hicache_jax.layout.rows import RowFormat
 from hicache_jax.pools.placement import HOST_MEMORY, Devices, is_single_device, single_device
 
@@ -52,7 +52,7 @@ class BlockTable:
         self.start: dict[int, int] = {}  # first host page of each block
         self.live: dict[int, int] = {}   # pages that still live in each block
         self.rows = 0                    # rows of every block held
-        self.views: dict[int, dict[tuple[int, int], tuple | None]] = {}  # block -> (row, rows) -> its view
+        self.views: dict[int, dict[tuple[int, int], tuple]] = {}  # block -> (row, rows) -> its view
         self.compacted = 0               # pages moved to new blocks to drop dead rows
         self._next = 0
 
@@ -98,12 +98,15 @@ class BlockTable:
 
     def view(self, block: int, row: int, rows: int, min_bytes: int | None) -> tuple[jax.Array, ...] | None:
         """Rows [row, row + rows) of `block` as a block of their own that shares its memory
-        (`host_views.block_view`, None where it gives None). Made once and kept until the
-        block is dropped: making one costs 0.1-0.2 ms on a GPU, and a block is never written
-        after it is added, so a repeated hit reuses its views."""
+        (`host_views.block_view`), or None where it gives none (`viewable`: nothing is kept
+        for those). Made once and kept until the block is dropped: making one costs 0.1-0.2 ms
+        on a GPU, and a block is never written after it is added, so a repeated hit reuses it."""
+        arrays = self.arrays[block]
+        if not viewable(arrays, rows, min_bytes):
+            return None
         kept = self.views.setdefault(block, {})
         if (row, rows) not in kept:
-            kept[row, rows] = block_view(self.arrays[block], row, rows, min_bytes)
+            kept[row, rows] = block_view(arrays, row, rows, min_bytes)
         return kept[row, rows]
 
     def sparsest(self) -> list[int]:

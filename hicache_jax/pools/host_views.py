@@ -104,13 +104,18 @@ def block_view(block: tuple[jax.Array, ...], row: int, rows: int,
     the rows hold fewer than `min_bytes` (`TransferConfig.view_bytes`; None: always None).
     On a GPU the view shares the block's memory; on the CPU, which takes host memory as the
     device's, it is copied into the block's memory kind (a host memcpy)."""
-    if min_bytes is None or any(len(part.sharding.device_set) != 1 for part in block):
-        return None
-    if rows * sum(part.nbytes // part.shape[0] for part in block) < min_bytes:
+    if not viewable(block, rows, min_bytes):
         return None
     views = (rows_view(part, row, row + rows) for part in block)
     return tuple(v if v.sharding.memory_kind == part.sharding.memory_kind else jax.device_put(v, part.sharding)
                  for v, part in zip(views, block))
+
+
+def viewable(block: tuple[jax.Array, ...], rows: int, min_bytes: int | None) -> bool:
+    """Whether `block_view` gives a view of `rows` rows of `block`: each part on one device,
+    and the rows holding at least `min_bytes` (None: never)."""
+    return (min_bytes is not None and all(len(part.sharding.device_set) == 1 for part in block)
+            and rows * sum(part.nbytes // part.shape[0] for part in block) >= min_bytes)
 
 
 def check_views(sharding: jax.sharding.Sharding) -> None:

@@ -136,3 +136,13 @@ def test_the_default_views_runs_of_4_mb_and_more():
 def test_view_bytes_must_be_a_count_or_none(bad):
     with pytest.raises(ValueError, match="view_bytes"):
         hc.TransferConfig(view_bytes=bad)
+
+
+def test_rows_that_get_no_view_leave_nothing_in_the_table():
+    """Views off, or rows under the floor: a load of parts of blocks keeps no entry per piece."""
+    from tests.transfer.test_round_trip import Harness
+    for view_bytes in (None, 1 << 40):
+        t = Harness("tiny_v4", None, "reference", fuse_after=0, view_bytes=view_bytes)
+        t.run("backup", {a: (np.arange(8), np.arange(16, 24)) for a in t.allocators})
+        t.run("load", {a: (np.array([9, 3]), np.array([18, 19])) for a in t.allocators})
+        assert all(not t.engine.host.tables[a].views for a in t.allocators)
