@@ -339,6 +339,20 @@ def run(config: str, mode: str, pages: int, rounds: int, n: int, seed: int, max_
     return row
 
 
+def transfer_overrides(ap: argparse.ArgumentParser, view_mb: str | None, early_copy_mb: float | None) -> dict:
+    """The `TransferConfig` fields `--view-mb` (a number of MB or none) and `--early-copy-mb`
+    set, for `make_cache`; a bad `--view-mb` is an `ap.error` naming it."""
+    transfer = {}
+    if view_mb is not None:
+        try:
+            transfer["view_bytes"] = None if view_mb == "none" else int(float(view_mb) * 1e6)
+        except ValueError:
+            ap.error(f"--view-mb: a number of MB or none, got {view_mb!r}")
+    if early_copy_mb is not None:
+        transfer["early_copy_bytes"] = int(early_copy_mb * 1e6)
+    return transfer
+
+
 def show(r: dict) -> None:
     n = r["batch"] if r["batch"] is not None else ""
     if "skipped" in r:
@@ -384,14 +398,7 @@ def main():
     if unknown := set(modes) - set(MODES):
         ap.error(f"unknown modes {sorted(unknown)}; choose from {', '.join(MODES)}")
     args.out = args.out or default_out("bench_hits.json", args.smoke)
-    transfer = {}
-    if args.view_mb is not None:
-        try:
-            transfer["view_bytes"] = None if args.view_mb == "none" else int(float(args.view_mb) * 1e6)
-        except ValueError:
-            ap.error(f"--view-mb: a number of MB or none, got {args.view_mb!r}")
-    if args.early_copy_mb is not None:
-        transfer["early_copy_bytes"] = int(args.early_copy_mb * 1e6)
+    transfer = transfer_overrides(ap, args.view_mb, args.early_copy_mb)
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": str(jax.devices()[0]),
               "transfer": transfer, "runs": []}
     print(f"{'config':20} {'mode':17} {'pages':>5} {'N':>3} {'MB':>9} {'hit ms':>9} {'contig ms':>9} {'ratio':>6} "

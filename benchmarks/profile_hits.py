@@ -40,6 +40,7 @@ from outputs import default_out  # noqa: E402  (results/ or $OUT, never the repo
 # (mode, kv pages per prefix, requests): a whole block against the hits on parts of blocks
 RUNS = [("whole_block", 256, 1), ("shared_prompt", 256, 1), ("multi_turn", 256, 1), ("batched", 16, 16),
         ("whole_block", 1, 1), ("shared_prompt", 1, 1)]
+SMOKE_RUNS = [("shared_prompt", 4, 1), ("batched", 1, 4)]   # tiny_v4, one round (CPU, CI)
 WINDOW_US = 15_000
 LOAD_PROGRAMS = ("load_block", "load_pieces", "plan_load", "fused_load")
 LEAD_US = 500            # a side's window starts this long before its call
@@ -150,7 +151,7 @@ def main(argv=None) -> dict:
                     help="MODE:PAGES:REQUESTS, comma-separated (default: " + ",".join(":".join(map(str, r)) for r in RUNS) + ")")
     ap.add_argument("--early-copy-mb", type=float, default=None,
                     help="TransferConfig.early_copy_bytes in MB (larger than any block: no early copies)")
-    ap.add_argument("--smoke", action="store_true", help="tiny_v4, one and four pages, one round (CPU, CI)")
+    ap.add_argument("--smoke", action="store_true", help="tiny_v4, one and four pages, one round (CPU, CI; --runs given overrides its runs)")
     ap.add_argument("--out", type=pathlib.Path, default=None,
                     help="result JSON (default: benchmarks/results/profile_hits.json, or $OUT)")
     args = ap.parse_args(argv)
@@ -162,8 +163,9 @@ def main(argv=None) -> dict:
         ap.error(f"--runs: MODE:PAGES:REQUESTS, comma-separated, got {args.runs!r}")
     if unknown := [m for m, _, _ in runs if m not in (*bench_hits.SHAPES, "batched")]:
         ap.error(f"--runs: unknown mode {unknown[0]!r}")
-    runs = [("shared_prompt", 4, 1), ("batched", 1, 4)] if args.smoke else runs
-    transfer = {} if args.early_copy_mb is None else {"early_copy_bytes": int(args.early_copy_mb * 1e6)}
+    if args.smoke and not args.runs:                  # runs given override the smoke run's
+        runs = SMOKE_RUNS
+    transfer = bench_hits.transfer_overrides(ap, None, args.early_copy_mb)
     config, rounds = ("tiny_v4", 1) if args.smoke else (args.config, args.rounds)
     import jax
     result = {"date": time.strftime("%Y-%m-%d"), "jax": jax.__version__, "device": jax.devices()[0].device_kind,

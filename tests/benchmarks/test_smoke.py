@@ -314,6 +314,12 @@ def test_profile_hits_smoke(tmp_path):
     assert result["runs"][0]["marked"] == ["hit"] and result["runs"][1]["marked"] == ["acquire_many", "one_by_one"]
 
 
+def test_profile_hits_runs_given_override_the_smoke_runs(tmp_path):
+    result = run("profile_hits.py", tmp_path, "--runs", "whole_block:1:1", "--early-copy-mb", "1000")
+    assert [(r["mode"], r["pages"], r["batch"]) for r in result["runs"]] == [("whole_block", 1, 1)]
+    assert result["runs"][0]["exact"] is True and result["runs"][0]["transfer"] == {"early_copy_bytes": 10 ** 9}
+
+
 @pytest.mark.parametrize("flags", [["--runs", "batched:16"], ["--runs", "batched:x:16"], ["--runs", "nope:1:1"],
                                    ["--rounds", "0"]])
 def test_profile_hits_refuses_bad_flags(flags):
