@@ -6,7 +6,9 @@ with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then
 device events grouped by name (count, median and total microseconds) and, for each timed
 side (`hit`; the batched mode's `one_by_one` and `acquire_many`), the device events of its
 last call, in order: its DMAs, slice fusions, joins and unpack kernels (`hits`), and each
-stream's count, first start, last end and busy time in that window (`streams`). A timed
+stream's count, first start, last end and busy time in that window (`streams`), and the
+host's events of at least `HOST_MIN_US` inside the call (`host`: program calls, copies
+handed to the runtime, waits, on which thread and when). A timed
 call is marked on the host's timeline (`hit.<side>`, `hit_requests.Probe.time`, from the
 call to the device done), so its window holds the early copies and reads it started before
 its load program. Without marks the last hit's window is anchored on a load program
@@ -44,6 +46,7 @@ SMOKE_RUNS = [("shared_prompt", 4, 1), ("batched", 1, 4)]   # tiny_v4, one round
 WINDOW_US = 15_000
 LOAD_PROGRAMS = ("load_block", "load_pieces", "plan_load", "fused_load")
 LEAD_US = 500            # a side's window starts this long before its call
+HOST_MIN_US = 5          # a marked call's host events kept: those at least this long
 
 
 def timelines(trace: dict) -> tuple[list[dict], list[dict], dict]:
@@ -84,6 +87,14 @@ def _events(events: list[dict], threads: dict, start: float, end: float, at: flo
             for e in events if start <= e["ts"] < end]
 
 
+def _host_events(host: list[dict], threads: dict, mark: dict) -> list[dict]:
+    """The host's events of at least `HOST_MIN_US` inside the marked call `mark`, times from it."""
+    end = mark["ts"] + mark["dur"]
+    return [{"at_us": round(e["ts"] - mark["ts"], 1), "dur_us": round(e["dur"], 1),
+             "thread": str(threads.get((e["pid"], e["tid"]), e["tid"])), "name": e["name"][:100]}
+            for e in host if mark["ts"] <= e["ts"] < end and e["dur"] >= HOST_MIN_US and e is not mark]
+
+
 def streams(events: list[dict]) -> dict[str, dict]:
     """Per stream of a window's events (times from the call): how many, the first start, the
     last end, and the time busy (overlaps counted once): the gaps between a call's DMAs and its
@@ -110,7 +121,8 @@ def summarise(trace: dict) -> dict:
     hits = {}
     for side, e in (marks.items() if events else ()):
         seen = _events(events, threads, e["ts"] - LEAD_US, e["ts"] + e["dur"], e["ts"])
-        hits[side] = {"call_us": round(e["dur"], 1), "streams": streams(seen), "events": seen[:200]}
+        hits[side] = {"call_us": round(e["dur"], 1), "streams": streams(seen), "events": seen[:200],
+                      "host": _host_events(host, threads, e)[:200]}
     window, anchor, from_call = [], None, True
     if hits:                                                     # the last marked call
         side = max(marks, key=lambda k: marks[k]["ts"])

@@ -377,6 +377,9 @@ def test_profile_hits_summarises_device_timelines():
         "a": {"count": 3, "first_us": 0.0, "last_end_us": 35.0, "busy_us": 20.0},
         "b": {"count": 1, "first_us": -2.0, "last_end_us": -1.0, "busy_us": 1.0}}
     assert set(s["hits"]["acquire_many"]["streams"]) == {w["stream"] for w in s["hits"]["acquire_many"]["events"]}
+    # the host's events inside a marked call (the program calls of PjitFunction, Execute), not the mark itself
+    assert [(w["name"], w["at_us"]) for w in s["hits"]["acquire_many"]["host"]] == [("python", 1100.0), ("Execute", 1550.0)]
+    assert s["hits"]["one_by_one"]["host"] == []
 
 
 @pytest.mark.slow
