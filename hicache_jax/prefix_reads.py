@@ -75,13 +75,14 @@ class PrefixReads:
                                      lambda: self._core.anchor_host_pages(match))
 
     def _copy_early_many(self, seqs: list[np.ndarray]) -> None:
-        """Start copying the anchor's host blocks of every request of `seqs` (as matched now,
-        the LRU untouched) in one program: they cross the link while the requests are planned."""
-        page, loads = self.layout.page_size, []
+        """Start copying the anchor's host blocks of every request of `seqs` (as the tree
+        holds them now, looked ahead: `anchor_pages_ahead`) in one program: they cross the
+        link while the requests are planned."""
+        loads = []
         for tokens in seqs:
-            m = self._core.match_prefix(tokens, touch=False)
-            if m.host_len:
-                loads.append((m.host_len // page, lambda m=m: self._core.anchor_host_pages(m)))
+            pages = self._core.anchor_pages_ahead(tokens)
+            if pages is not None:
+                loads.append((pages.size, lambda pages=pages: pages))
         if loads:
             self._data.engine.copy_early_many(self._anchor, loads)
 

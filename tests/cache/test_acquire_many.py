@@ -117,7 +117,7 @@ def test_every_block_starts_copying_before_any_request_is_planned(name):
     request is matched for its plan, every request's whole anchor block has started for the
     device, one `copy` each while the blocks' shared program compiles in the background,
     then the two 2-page blocks by one `copy_many` (the 1-page block alone, by `copy`),
-    having looked at each request without touching the LRU. The merged load unpacks those copies, through
+    having looked ahead at each request (no match, no LRU touch). The merged load unpacks those copies, through
     staging at first and then in its one fused program (pieces marked copied), bit for
     bit; a deferred acquire copies nothing early."""
     blocks = ([2, 3], [4], [5, 6])
@@ -127,6 +127,8 @@ def test_every_block_starts_copying_before_any_request_is_planned(name):
     toks = [prompt(b) for b in blocks]
     events, match = [], cache._core.match_prefix
     cache._core.match_prefix = lambda tokens, touch=True: events.append(f"match:{touch}") or match(tokens, touch)
+    ahead = cache._core.anchor_pages_ahead
+    cache._core.anchor_pages_ahead = lambda tokens: events.append("ahead") or ahead(tokens)
     cache.on_program_call(lambda label, program, *args: events.append(label) or program(*args))
     anchor = cache.layout.anchor.name
     early = (f"{anchor}:copy[", f"{anchor}:copy_many[")
@@ -150,14 +152,15 @@ def test_every_block_starts_copying_before_any_request_is_planned(name):
     for events, copies in zip(rounds[:2], ([f"{anchor}:copy[2]", f"{anchor}:copy[2]", f"{anchor}:copy[1]"],
                                            [f"{anchor}:copy_many[2, 2]", f"{anchor}:copy[1]"])):
         planned = events.index("match:True")
-        assert events[:planned] == ["match:False"] * len(blocks) + copies, events
+        assert events[:planned] == ["ahead"] * len(blocks) + copies, events
         assert not any(e.startswith(early) for e in events[planned:]), events
     assert not any(e.startswith("plan:load_pieces") for e in rounds[0]), rounds[0]      # staging: not yet compiled
     staged = [e for e in rounds[0] if e.startswith(anchor + ":h2d")]
     assert staged and all(e.endswith(", 1]") for e in staged), rounds[0]          # the copies, placed on the device
-    fused = [e for e in rounds[1] if not e.startswith(("match", *early))]
+    fused = [e for e in rounds[1] if not e.startswith(("match", "ahead", *early))]
     assert len(fused) == 1 and fused[0].startswith("plan:load_pieces") and "True" in fused[0], rounds[1]
-    assert not any(e.startswith(early) for e in rounds[2]) and "match:False" not in rounds[2], rounds[2]
+    assert not any(e.startswith(early) for e in rounds[2]) and "ahead" not in rounds[2], rounds[2]
+    assert not any(e == "match:False" for r in rounds for e in r), rounds
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))

@@ -131,3 +131,36 @@ def test_two_loads_never_own_one_node():
     node = c.node(job.node)
     with pytest.raises(TreeStateError, match="claimed by load"):
         c.book.own(node, job.load_id + 1)
+
+
+def _ahead(c, tokens):
+    pages = c.anchor_pages_ahead(query(tokens))
+    return None if pages is None else pages.tolist()
+
+
+def _planned(c, tokens):
+    pages = c.anchor_host_pages(c.match_prefix(query(tokens), touch=False))
+    return None if pages is None else pages.tolist()
+
+
+@pytest.mark.parametrize("name", ["tiny_v4", "tiny_gqa"])
+def test_the_look_ahead_names_the_host_pages_a_load_would_move_and_changes_nothing(name):
+    c = core(name, dev=16, host=16)
+    assert _ahead(c, seq(1, 2)) is None                               # nothing cached
+    backed_up_then_evicted(c, seq(1, 2, 3), swa_last=3)
+    nodes, stamps = c.tree.num_nodes, {n.id: n.last_access for n in c.tree.nodes()}
+    assert _ahead(c, seq(1, 2)) is not None and len(_ahead(c, seq(1, 2))) == 2   # inside one node: its head
+    assert c.tree.num_nodes == nodes and {n.id: n.last_access for n in c.tree.nodes()} == stamps
+    assert _ahead(c, seq(1, 2, 3)) == _planned(c, seq(1, 2, 3))
+    job = c.start_load(c.match_prefix(query(seq(1, 2, 3))))
+    assert isinstance(job, LoadJob)
+    assert _ahead(c, seq(1, 2, 3)) is None                            # being loaded: nothing to copy
+    c.finish_load(job.load_id)
+    assert _ahead(c, seq(1, 2, 3)) is None and _planned(c, seq(1, 2, 3)) is None   # on the device now
+    # a device head and a host tail: the tail's pages only
+    put(c, seq(1, 2, 3, 4, 5), swa_last=3)
+    c.ack_backup(c.take_backup_batch().ack_id)
+    c.match_prefix(query(seq(1, 2, 3)))                               # the head used last: the tail goes first
+    evict_device(c, 2, swa=3)
+    assert len(_ahead(c, seq(1, 2, 3, 4, 5))) == 2 and _ahead(c, seq(1, 2, 3, 4, 5)) == _planned(c, seq(1, 2, 3, 4, 5))
+    c.check_invariants()
