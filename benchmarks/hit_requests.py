@@ -176,14 +176,13 @@ class Probe:
     def __init__(self, cache: hc.HiCache):
         self.cache, self.keep = cache, True
         self.labels: list[str] = []
-        self.first_call = 0.0
+        self.called: list[float] = []       # when each transfer program of the timed call was called
         self.compiles = hc.CompileCounter()
         self.seen: dict[str, dict[str, list]] = {}
         cache.on_program_call(self._hook)
 
     def _hook(self, label, program, *args):
-        if not self.labels:
-            self.first_call = clock()
+        self.called.append(clock())
         self.labels.append(label)
         return program(*args)
 
@@ -192,6 +191,7 @@ class Probe:
         loaded = counted(self.cache, "load_bytes")
         jax.block_until_ready(self.cache.device_pools)
         self.labels.clear()
+        self.called.clear()
         self.compiles.reset()
         with jax.profiler.TraceAnnotation(HIT_MARK + name):     # the call, to its device work done (profile_hits.py)
             t = clock()
@@ -201,9 +201,10 @@ class Probe:
             took = clock() - t
         if self.keep:
             rec = self.seen.setdefault(name, {"dispatches": [], "compiles": [], "loaded_bytes": [], "programs": [],
-                                              "first_call_s": [], "returned_s": []})
-            if self.labels:     # host time: to the first transfer program's call, and until `call` returned
-                rec["first_call_s"].append(self.first_call - t)
+                                              "first_call_s": [], "calls_s": [], "returned_s": []})
+            if self.labels:     # host time: to each transfer program's call, and until `call` returned
+                rec["first_call_s"].append(self.called[0] - t)
+            rec["calls_s"].append([c - t for c in self.called])
             rec["returned_s"].append(returned - t)
             rec["dispatches"].append(len(self.labels))
             rec["compiles"].append(self.compiles.count)

@@ -7,8 +7,10 @@ device events grouped by name (count, median and total microseconds) and, for ea
 side (`hit`; the batched mode's `one_by_one` and `acquire_many`), the device events of its
 last call, in order: its DMAs, slice fusions, joins and unpack kernels (`hits`), and each
 stream's count, first start, last end and busy time in that window (`streams`), and the
-host's events of at least `HOST_MIN_US` inside the call (`host`: program calls, copies
-handed to the runtime, waits, on which thread and when). A timed
+host's events of at least `HOST_MIN_US` inside the call (`host`: the Python, the copies
+handed to the runtime, the waits, on which thread and when; the first `HOST_KEPT`) and every
+jitted program's call in it (`program_calls`: when each was called and how long the call
+held the host). A timed
 call is marked on the host's timeline (`hit.<side>`, `hit_requests.Probe.time`, from the
 call to the device done), so its window holds the early copies and reads it started before
 its load program. Without marks the last hit's window is anchored on a load program
@@ -46,7 +48,8 @@ SMOKE_RUNS = [("shared_prompt", 4, 1), ("batched", 1, 4)]   # tiny_v4, one round
 WINDOW_US = 15_000
 LOAD_PROGRAMS = ("load_block", "load_pieces", "plan_load", "fused_load")
 LEAD_US = 500            # a side's window starts this long before its call
-HOST_MIN_US = 5          # a marked call's host events kept: those at least this long
+HOST_MIN_US = 20         # a marked call's host events kept: those at least this long
+HOST_KEPT = 600          # and at most this many
 
 
 def timelines(trace: dict) -> tuple[list[dict], list[dict], dict]:
@@ -87,12 +90,12 @@ def _events(events: list[dict], threads: dict, start: float, end: float, at: flo
             for e in events if start <= e["ts"] < end]
 
 
-def _host_events(host: list[dict], threads: dict, mark: dict) -> list[dict]:
-    """The host's events of at least `HOST_MIN_US` inside the marked call `mark`, times from it."""
+def _host_events(host: list[dict], threads: dict, mark: dict, keep) -> list[dict]:
+    """The host's events inside the marked call `mark` that `keep(event)` keeps, times from it."""
     end = mark["ts"] + mark["dur"]
     return [{"at_us": round(e["ts"] - mark["ts"], 1), "dur_us": round(e["dur"], 1),
              "thread": str(threads.get((e["pid"], e["tid"]), e["tid"])), "name": e["name"][:100]}
-            for e in host if mark["ts"] <= e["ts"] < end and e["dur"] >= HOST_MIN_US and e is not mark]
+            for e in host if mark["ts"] <= e["ts"] < end and e is not mark and keep(e)]
 
 
 def streams(events: list[dict]) -> dict[str, dict]:
@@ -122,7 +125,8 @@ def summarise(trace: dict) -> dict:
     for side, e in (marks.items() if events else ()):
         seen = _events(events, threads, e["ts"] - LEAD_US, e["ts"] + e["dur"], e["ts"])
         hits[side] = {"call_us": round(e["dur"], 1), "streams": streams(seen), "events": seen[:200],
-                      "host": _host_events(host, threads, e)[:200]}
+                      "program_calls": _host_events(host, threads, e, lambda h: h["name"].startswith("PjitFunction")),
+                      "host": _host_events(host, threads, e, lambda h: h["dur"] >= HOST_MIN_US)[:HOST_KEPT]}
     window, anchor, from_call = [], None, True
     if hits:                                                     # the last marked call
         side = max(marks, key=lambda k: marks[k]["ts"])
@@ -149,7 +153,7 @@ def profiled(config: str, mode: str, pages: int, n: int, rounds: int, transfer: 
             summary = summarise(json.load(f))
     keep = ("ms", "contiguous_ms", "ratio", "exact", "dispatches")
     # the batched mode times both sides (its top-level figures are the one-by-one side's)
-    sides = {side: {k: row[side].get(k) for k in ("ms", "ratio", "dispatches", "first_call_ms")}
+    sides = {side: {k: row[side].get(k) for k in ("ms", "ratio", "dispatches", "first_call_ms", "calls_ms")}
              for side in ("one_by_one", "acquire_many") if side in row}
     return {"config": config, "mode": mode, "pages": pages, "batch": n, "rounds": rounds, "transfer": transfer or {},
             **{k: row.get(k) for k in keep}, **({"sides": sides} if sides else {}), **summary}

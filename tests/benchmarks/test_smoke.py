@@ -181,6 +181,10 @@ def test_bench_hits_smoke(tmp_path):
         assert r["compiles_in_timed_calls"] == 0, r
         side = r.get("hit") or r.get("acquire_many")      # host time: the first program call, then the return
         assert 0 < side["first_call_ms"] <= side["returned_ms"] <= side["ms"], side
+        # each program's call, in order, all before the call returned
+        calls = side["calls_ms"]
+        assert 1 <= len(calls) <= max(8, side["dispatches"]) and 0 < calls[0], side
+        assert calls == sorted(calls) and calls[-1] <= side["returned_ms"], side
         if r["mode"] == "write_back_batch":      # one backup batch of 4 prompts; the hit is a quarter of it
             assert r["backup_transfers"] == 1 and r["backed_up_pages"] == 4 * r["hit_pages"]
         if r["mode"] == "shared_prompt":         # one node backed up; the hit is its first half
@@ -379,7 +383,12 @@ def test_profile_hits_summarises_device_timelines():
     assert set(s["hits"]["acquire_many"]["streams"]) == {w["stream"] for w in s["hits"]["acquire_many"]["events"]}
     # the host's events inside a marked call (the program calls of PjitFunction, Execute), not the mark itself
     assert [(w["name"], w["at_us"]) for w in s["hits"]["acquire_many"]["host"]] == [("python", 1100.0), ("Execute", 1550.0)]
-    assert s["hits"]["one_by_one"]["host"] == []
+    assert s["hits"]["one_by_one"]["host"] == [] and s["hits"]["acquire_many"]["program_calls"] == []
+    trace["traceEvents"] += [{"ph": "X", "name": "PjitFunction(copy_many)", "pid": 2, "tid": 1, "ts": 28500.0, "dur": 30.0},
+                             {"ph": "X", "name": "PjitFunction(tiny)", "pid": 2, "tid": 1, "ts": 28600.0, "dur": 3.0}]
+    calls = profile_hits.summarise(trace)["hits"]["acquire_many"]["program_calls"]
+    assert [(c["name"], c["at_us"], c["dur_us"]) for c in calls] == [("PjitFunction(copy_many)", 100.0, 30.0),
+                                                                     ("PjitFunction(tiny)", 200.0, 3.0)]
 
 
 @pytest.mark.slow
