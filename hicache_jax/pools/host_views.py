@@ -9,10 +9,6 @@ as a `pinned_host` array on the GPU (a CPU tensor as a CPU array), so moving the
 device is one DMA of exactly those rows.
 
 Only DLPack's unversioned ABI (`dltensor` capsules) is built here; jax 0.11 and 0.12 take it.
-The capsule goes to jaxlib's importer directly (`dlpack_managed_tensor_to_buffer`, on the
-block's own device): `jax.dlpack.from_dlpack` around it costs 3-4x as much (30-80 us a view
-on a CPU), and a hit makes its views before its first DMA. Where that importer is missing or
-takes other arguments, `from_dlpack` is used from then on.
 The host tier's loads move parts of blocks of at least `TransferConfig.view_bytes` this way
 (BENCHMARKS.md: views against kernel reads).
 """
@@ -22,7 +18,6 @@ import ctypes
 
 import jax
 import numpy as np
-from jax._src.lib import _jax   # jaxlib's DLPack importer (`_import`), with from_dlpack as a fallback
 
 
 class _Device(ctypes.Structure):
@@ -80,33 +75,14 @@ class _Rows:
         managed.dl_tensor = _Tensor(pointer, _Device(int(self._device[0]), self._device[1]),
                                     block.ndim, _dtype(np.dtype(block.dtype)), shape, None, offset)
         managed.deleter = _release
-        self.address = ctypes.addressof(managed)
-        _LIVE[self.address] = (managed, shape, block)
-        self._capsule = _capsule(self.address, b"dltensor", None)
+        _LIVE[ctypes.addressof(managed)] = (managed, shape, block)
+        self._capsule = _capsule(ctypes.addressof(managed), b"dltensor", None)
 
     def __dlpack__(self, stream=None, max_version=None, **_):
         return self._capsule
 
     def __dlpack_device__(self):
         return self._device
-
-
-_direct = [True]        # jaxlib's importer takes our capsules; cleared at its first refusal
-
-
-def _import(block: jax.Array, pointer: int, offset: int, rows: int) -> jax.Array:
-    """The view (`_Rows`) as a jax array: by jaxlib's importer where it takes it, else
-    (and from then on) by `jax.dlpack.from_dlpack`. A capsule the importer refused was not
-    taken, so nothing of it stays alive."""
-    if _direct[0]:
-        view = _Rows(block, pointer, offset, rows)
-        (device,) = block.devices()
-        try:
-            return _jax.dlpack_managed_tensor_to_buffer(view._capsule, device, None, False, int(view._device[0]))
-        except (AttributeError, TypeError):
-            _LIVE.pop(view.address, None)
-            _direct[0] = False
-    return jax.dlpack.from_dlpack(_Rows(block, pointer, offset, rows), copy=False)
 
 
 def rows_view(block: jax.Array, start: int, stop: int) -> jax.Array:
@@ -118,7 +94,7 @@ def rows_view(block: jax.Array, start: int, stop: int) -> jax.Array:
     if (pointer + start * row_bytes) % ALIGNMENT:
         raise ValueError(f"rows_view: row {start} of a block of {row_bytes} B rows does not "
                          f"start on {ALIGNMENT} B (jax shares only aligned memory)")
-    return _import(block, pointer, start * row_bytes, stop - start)
+    return jax.dlpack.from_dlpack(_Rows(block, pointer, start * row_bytes, stop - start), copy=False)
 
 
 def block_view(block: tuple[jax.Array, ...], row: int, rows: int,

@@ -44,43 +44,6 @@ def test_a_view_keeps_its_block_alive_and_is_freed_with_its_array():
     assert live_views() == before
 
 
-def test_jaxlibs_importer_takes_the_view_on_this_jax():
-    block = jax.device_put(np.arange(4 * 64, dtype=np.uint8).reshape(4, 64), HOST)
-    calls = []
-    real = host_views._jax.dlpack_managed_tensor_to_buffer
-    spy = type("Spy", (), {"dlpack_managed_tensor_to_buffer": staticmethod(lambda *a: calls.append(a) or real(*a))})
-    saved = host_views._jax
-    host_views._jax = spy
-    try:
-        view = rows_view(block, 1, 3)
-    finally:
-        host_views._jax = saved
-    assert len(calls) == 1 and host_views._direct == [True]
-    assert view.sharding.memory_kind == block.sharding.memory_kind or DEV.platform == "cpu"
-    assert np.array_equal(np.asarray(view), np.asarray(block)[1:3])
-
-
-@pytest.mark.parametrize("refusal", ["missing", "other arguments"])
-def test_an_importer_that_refuses_falls_back_to_from_dlpack_and_leaks_nothing(refusal, monkeypatch):
-    def other(*args):
-        raise TypeError("dlpack_managed_tensor_to_buffer(): incompatible function arguments")
-    stand_in = type("Old", (), {} if refusal == "missing" else {"dlpack_managed_tensor_to_buffer": staticmethod(other)})
-    monkeypatch.setattr(host_views, "_jax", stand_in)
-    monkeypatch.setattr(host_views, "_direct", [True])
-    gc.collect()
-    before = live_views()
-    values = np.arange(6 * 64, dtype=np.uint8).reshape(6, 64)
-    block = jax.device_put(values, HOST)
-    first, second = rows_view(block, 1, 3), rows_view(block, 4, 6)     # the second goes straight to from_dlpack
-    assert host_views._direct == [False]
-    assert np.array_equal(np.asarray(first), values[1:3]) and np.array_equal(np.asarray(second), values[4:6])
-    gc.collect()
-    assert live_views() == before + 2          # the refused capsule's tensor was let go
-    del first, second
-    gc.collect()
-    assert live_views() == before
-
-
 @pytest.mark.parametrize("start, stop", [(-1, 2), (3, 3), (5, 2), (0, 9)])
 def test_rows_outside_the_block_are_refused(start, stop):
     block = jax.device_put(np.zeros((8, 4), np.uint32), HOST)
