@@ -117,9 +117,9 @@ def test_every_block_starts_copying_before_any_request_is_planned(name):
     request is matched for its plan, every request's whole anchor block has started for the
     device, one `copy` each while the blocks' shared program compiles in the background,
     then the two 2-page blocks by one `copy_many` (the 1-page block alone, by `copy`),
-    having looked ahead at each request (no match, no LRU touch). The merged load unpacks those copies, through
-    staging at first and then in its one fused program (pieces marked copied), bit for
-    bit; a deferred acquire copies nothing early."""
+    having looked ahead at each request (no match, no LRU touch). The merged load unpacks
+    those copies, through staging at first and then in its one fused program (pieces marked
+    copied), bit for bit; a deferred acquire copies nothing early."""
     blocks = ([2, 3], [4], [5, 6])
     cache, d = make(name, transfer=hc.TransferConfig(early_copy_bytes=0, fuse_after=1,
                                                                   landing_buckets=5))
