@@ -160,17 +160,17 @@ class Hits:
                 "compiles": sum(rec.get("compiles", [])), "loaded_bytes": max(rec.get("loaded_bytes", [0])),
                 "programs": rec.get("programs", []),
                 # host time (ms): to the first transfer program's call, and until the call returned
-                "first_call_ms": _median_ms(rec.get("first_call_s")), "returned_ms": _median_ms(rec.get("returned_s")),
-                "calls_ms": _calls_ms(rec.get("calls_s", []))}
+                "first_call_ms": _median_ms([c[0] for c in rec.get("calls_s", []) if c]),
+                "returned_ms": _median_ms(rec.get("returned_s")), "calls_ms": _calls_ms(rec.get("calls_s", []))}
 
 
 def _calls_ms(rounds: list[list[float]]) -> list[float]:
-    """Host ms from the call to its k-th transfer program's call, for each k of the rounds'
-    usual number of calls (the median over the rounds that made that many, at most 8)."""
+    """Host ms from the call to each of its first 8 transfer programs' calls: the median over
+    the rounds that made the usual (median) number of calls."""
     if not rounds:
         return []
-    n = min(8, sorted(map(len, rounds))[len(rounds) // 2])
-    return [_median_ms([r[k] for r in rounds if len(r) == n]) for k in range(n)]
+    usual = sorted(map(len, rounds))[len(rounds) // 2]
+    return [_median_ms([r[k] for r in rounds if len(r) == usual]) for k in range(min(8, usual))]
 
 
 def _median_ms(seconds: list[float] | None) -> float | None:

@@ -175,23 +175,20 @@ class Probe:
 
     def __init__(self, cache: hc.HiCache):
         self.cache, self.keep = cache, True
-        self.labels: list[str] = []
-        self.called: list[float] = []       # when each transfer program of the timed call was called
+        self.calls: list[tuple[str, float]] = []     # each transfer program of the timed call: label, when called
         self.compiles = hc.CompileCounter()
         self.seen: dict[str, dict[str, list]] = {}
         cache.on_program_call(self._hook)
 
     def _hook(self, label, program, *args):
-        self.called.append(clock())
-        self.labels.append(label)
+        self.calls.append((label, clock()))
         return program(*args)
 
     def time(self, name: str, call):
         """(seconds, what `call()` returned); records dispatches, compiles, bytes loaded under `name`."""
         loaded = counted(self.cache, "load_bytes")
         jax.block_until_ready(self.cache.device_pools)
-        self.labels.clear()
-        self.called.clear()
+        self.calls.clear()
         self.compiles.reset()
         with jax.profiler.TraceAnnotation(HIT_MARK + name):     # the call, to its device work done (profile_hits.py)
             t = clock()
@@ -201,13 +198,12 @@ class Probe:
             took = clock() - t
         if self.keep:
             rec = self.seen.setdefault(name, {"dispatches": [], "compiles": [], "loaded_bytes": [], "programs": [],
-                                              "first_call_s": [], "calls_s": [], "returned_s": []})
-            if self.labels:     # host time: to each transfer program's call, and until `call` returned
-                rec["first_call_s"].append(self.called[0] - t)
-            rec["calls_s"].append([c - t for c in self.called])
+                                              "calls_s": [], "returned_s": []})
+            # host time: to each transfer program's call, and until `call` returned
+            rec["calls_s"].append([at - t for _, at in self.calls])
             rec["returned_s"].append(returned - t)
-            rec["dispatches"].append(len(self.labels))
+            rec["dispatches"].append(len(self.calls))
             rec["compiles"].append(self.compiles.count)
             rec["loaded_bytes"].append(counted(self.cache, "load_bytes") - loaded)
-            rec["programs"] = sorted(Counter(label.split("[")[0] for label in self.labels).items())
+            rec["programs"] = sorted(Counter(label.split("[")[0] for label, _ in self.calls).items())
         return took, out

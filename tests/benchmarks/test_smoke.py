@@ -157,6 +157,18 @@ def test_api_ab_smoke(tmp_path):
     assert r["ms"]["contiguous"] > 0 and r["first_pages_landed_on"] == {"base": 1, "this": 1}
 
 
+def test_bench_hits_call_times_are_the_usual_rounds_medians():
+    """`calls_ms`: per program call, the median over the rounds that made the usual number
+    of calls, at most the first 8 (rounds of more calls are not dropped for it)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import bench_hits
+    ms = lambda *xs: [x / 1e3 for x in xs]
+    assert bench_hits._calls_ms([]) == []
+    assert bench_hits._calls_ms([ms(1, 2), ms(3, 4), ms(5), ms(2, 9)]) == [2.0, 4.0]
+    many = [ms(*range(k, k + 10)) for k in (1, 2, 3)]
+    assert bench_hits._calls_ms(many) == [float(k) for k in range(2, 10)]
+
+
 def test_bench_hits_smoke(tmp_path):
     """Host hits as traffic shapes them (a whole backup, part of a write-back batch, a shared
     system prompt, fresh and hit again, two turns, first vs repeat, N requests): every one byte-exact, moving the
