@@ -75,15 +75,16 @@ class PrefixReads:
                                      lambda: self._core.anchor_host_pages(match))
 
     def _copy_early_many(self, seqs: list[np.ndarray]) -> None:
-        """Start copying the host blocks of every request of `seqs`, every allocator's (as the
-        tree holds them now, looked ahead: `pages_ahead`), in one program: they cross the
+        """Start copying the anchor's host blocks of every request of `seqs` (as the tree
+        holds them now, looked ahead: `anchor_pages_ahead`) in one program: they cross the
         link while the requests are planned."""
-        loads: dict[str, list[np.ndarray]] = {}
+        loads = []
         for tokens in seqs:
-            for allocator, pages in self._core.pages_ahead(tokens).items():
-                loads.setdefault(allocator, []).append(pages)
+            pages = self._core.anchor_pages_ahead(tokens)
+            if pages is not None:
+                loads.append((pages.size, lambda pages=pages: pages))
         if loads:
-            self._data.engine.copy_early_many(loads)
+            self._data.engine.copy_early_many(self._anchor, loads)
 
     def acquire(self, tokens: np.ndarray, load_back: bool, deferred: bool) -> Prefix:
         """`HiCache.acquire` for checked arguments."""

@@ -4,8 +4,8 @@ The Python of a host hit (the tree's match and planning, the engine's checks, th
 call) takes about a millisecond at 256 V4-Flash pages on the H200; a copy started before
 it runs on the copy engines meanwhile. An early copy starts when the tree is about to plan a
 load (`copy_early`, for the anchor's host pages; `copy_early_many` for all of `acquire_many`'s
-requests before it plans any, every allocator's whole blocks in one `plan:copy_many` program,
-so the copies run under the rest of the step's Python and its load program only unpacks) or first thing in the load's `start`
+requests before it plans any, the whole blocks of one size in one `copy_many` program, so
+the copies run under the rest of the step's Python) or first thing in the load's `start`
 (`take`, for every allocator), and the load unpacks it:
 
     a whole block      the copy program `copy` (a DMA, no index to hand over); the chunk then
@@ -33,7 +33,6 @@ from hicache_jax.plan import Direction, TransferPlan, coalesce
 from hicache_jax.pools import HostTier
 from hicache_jax.pools.host_tier import NO_BLOCK, block_rows
 from hicache_jax.transfer.blocks import binary
-from hicache_jax.transfer.plan_programs import PlanPrograms
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
@@ -44,9 +43,9 @@ Copies = dict
 
 
 class EarlyCopies:
-    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], plan: PlanPrograms,
-                 ints: ResidentIndices, early_copy_bytes: int, view_bytes: int | None = None):
-        self.host, self._programs, self._plan, self._ints = host, programs, plan, ints
+    def __init__(self, host: HostTier, programs: dict[str, AllocatorPrograms], ints: ResidentIndices,
+                 early_copy_bytes: int, view_bytes: int | None = None):
+        self.host, self._programs, self._ints = host, programs, ints
         self.early_bytes = early_copy_bytes
         self.view_bytes = view_bytes        # `TransferConfig.view_bytes`: rows of a block this large copy as a view
         self._pending: Copies = {}
@@ -72,43 +71,36 @@ class EarlyCopies:
             return False
         return self._copy_runs(progs, [(r.host_start, r.length) for r in coalesce(pages)], self._pending)
 
-    def copy_early_many(self, loads: dict[str, list[np.ndarray]]) -> None:
+    def copy_early_many(self, allocator: str, loads: list[tuple[int, Callable[[], np.ndarray | None]]]) -> None:
         """`copy_early` for loads that will be planned together (`acquire_many`'s requests),
-        `loads` = {allocator: [host pages of one load]}: the whole blocks they read, every
-        allocator's, copy as one program (`PlanPrograms.copy_many`: one dispatch, the link
-        busy from the first request on while the rest are planned) where they hold at least
-        `early_copy_bytes` together; until that program is compiled (on the background
-        thread, the first time its shape is seen), and for any other load, each copies as
-        `copy_early` copies it."""
-        groups: dict[tuple[str, int], dict[int, tuple]] = {}
-        rest, nbytes = [], 0
-        for allocator, runs in loads.items():
-            progs = self._programs.get(allocator)
-            if progs is None:
+        `loads` = [(num_pages, host_pages)]: the whole blocks they read, those of one size
+        together, copy as one program (`copy_many`, one dispatch instead of one per block)
+        once it is compiled (on the background thread, the first time a count is seen);
+        until then, and for any other load, each copies as `copy_early` copies it."""
+        progs = self._programs.get(allocator)
+        if progs is None:
+            return
+        table, groups, rest = self.host.tables[allocator], {}, []
+        for num_pages, host_pages in loads:
+            pages = host_pages() if self.early(progs, num_pages) else None
+            if pages is None:
                 continue
-            table, top = self.host.tables[allocator], self.host.pages[allocator]
-            for pages in runs:
-                pages, whole, n = np.asarray(pages), None, len(pages)
-                # its first and last page span it (a look ahead's run; a load of pages out of
-                # order would not use the block's copy, which is all a wrong guess costs)
-                if pages.ndim == 1 and 0 < n <= progs.chunk_pages and not progs.broadcast_load \
-                        and 0 <= (first := int(pages[0])) == int(pages[-1]) - n + 1 <= top - n:
-                    whole = table.whole(first, n)
-                if whole is None:
-                    rest.append((allocator, pages))
-                elif id(whole) not in self._pending:
-                    groups.setdefault((allocator, n), {})[id(whole)] = (whole, pages)
-                    nbytes += n * progs.fmt.row_bytes
-        program = None
-        if sum(map(len, groups.values())) > 1 and nbytes >= self.early_bytes:
-            program = self._plan.copy_many(tuple((a, rows, len(by_id)) for (a, rows), by_id in groups.items()))
-        if program is not None:
-            arrays = tuple(tuple(block for block, _ in by_id.values()) for by_id in groups.values())
-            for group, copies in zip(arrays, program(arrays)):
-                self._pending.update((id(block), (block, copy)) for block, copy in zip(group, copies))
-        else:                                    # the whole blocks first: the larger copies
-            rest[:0] = [(a, pages) for (a, _), by_id in groups.items() for _, pages in by_id.values()]
-        for allocator, pages in rest:
+            pages, whole = np.asarray(pages), None
+            if pages.ndim == 1 and pages.size == num_pages <= progs.chunk_pages and (np.diff(pages) == 1).all() \
+                    and 0 <= int(pages[0]) <= self.host.pages[allocator] - num_pages:
+                whole = table.whole(int(pages[0]), num_pages)
+            if whole is None:
+                rest.append(pages)
+            elif id(whole) not in self._pending:
+                groups.setdefault(num_pages, {})[id(whole)] = (whole, pages)
+        for rows, by_id in groups.items():
+            program = progs.compiled(Program.COPY_MANY, rows, len(by_id), background=True) if len(by_id) > 1 else None
+            if program is None:
+                rest += [pages for _, pages in by_id.values()]
+                continue
+            arrays = tuple(block for block, _ in by_id.values())
+            self._pending.update((id(a), (a, copy)) for a, copy in zip(arrays, program(arrays)))
+        for pages in rest:
             self.copy_early(allocator, pages.size, lambda pages=pages: pages)
 
     def take(self, plan: TransferPlan) -> Copies:

@@ -115,8 +115,8 @@ class TransferEngine(EngineSeams, EngineWarmup):
         anchor = self._programs.get(layout.anchor.name)
         self.landing_sizes = () if anchor is None or anchor.broadcast_load else tuple(
             sorted({anchor.chunk_pages >> i for i in range(config.landing_buckets)} - {0}))
-        self._early = EarlyCopies(self.host, self._programs, self._plan_programs, self._ints,
-                                  config.early_copy_bytes, config.view_bytes)
+        self._early = EarlyCopies(self.host, self._programs, self._ints, config.early_copy_bytes,
+                                  config.view_bytes)
         self._blocks = HostBlocks(self.host, self._programs, self._ints,
                                   {layout.anchor.name: self.landing_sizes} if self.landing_sizes else {},
                                   config.view_bytes)

@@ -33,10 +33,9 @@ class EngineSeams:
         """Start copying host pages to the device ahead of their load (see `EarlyCopies.copy_early`)."""
         return self._early.copy_early(allocator, num_pages, host_pages)
 
-    def copy_early_many(self, loads) -> None:
-        """`copy_early` for loads planned together ({allocator: [host pages of one load]}), in
-        one program (`EarlyCopies.copy_early_many`)."""
-        self._early.copy_early_many(loads)
+    def copy_early_many(self, allocator: str, loads) -> None:
+        """`copy_early` for loads planned together, in one program (`EarlyCopies.copy_early_many`)."""
+        self._early.copy_early_many(allocator, loads)
 
     def read_host_page(self, allocator: str, host_page: int) -> dict[str, np.ndarray]:
         """`{pool: [num_layers, *page_shape]}` of one host page, whole pages (all ranks). Blocks."""

@@ -92,33 +92,6 @@ class PlanPrograms:
             outs = (tuple(o for _, _, _, (o, _) in built), home)
         return fn, args, donate, outs
 
-    def copy_many(self, groups: tuple[tuple[str, int, int], ...]) -> jax.stages.Compiled | None:
-        """One program copying whole host blocks of several allocators to the device (the
-        early copies of `acquire_many`'s loads), `groups` = ((allocator, block rows, count),
-        ...): its argument holds a tuple of that many blocks per group, its result their
-        device copies alike. None until compiled (on the background thread, from the first
-        time `groups` is asked for)."""
-        key = ("copy", groups)
-        program = self._cache.get(key)
-        if program is None:
-            label = f"plan:{Program.COPY_MANY.value}{list(groups)}"
-            identity = (tuple(self._programs[a]._identity for a, *_ in groups), "copy_many", groups)
-            program = ready_program(identity, label, self.jaxprs, lambda: self._build_copy_many(groups))
-            if program is None:
-                return None
-            self._cache[key], self._labels[key] = program, label
-        if self.hook is not None:
-            return functools.partial(self.hook, self._labels[key], program)
-        return program
-
-    def _build_copy_many(self, groups):
-        built = [self._programs[a].build(Program.COPY_MANY, rows, count) for a, rows, count in groups]
-        fns = [fn for fn, *_ in built]
-
-        def copy_many(blocks):
-            return tuple(fn(group) for fn, group in zip(fns, blocks))
-        return copy_many, (tuple(args[0] for _, args, _, _ in built),), (), tuple(outs for *_, outs in built)
-
     def ready_load(self, entries: tuple[FusedEntry, ...]) -> jax.stages.Compiled | None:
         """The one program of a load of `entries` (`fused_entries`) if it is compiled, else
         None (counting this load of its shape; the `fuse_after`-th starts its compilation

@@ -47,7 +47,7 @@ from jax.sharding import PartitionSpec as P
 
 import pallas_kernels as pk
 from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, RowFormat
-from hicache_jax.transfer.compile_cache import shared_program
+from hicache_jax.transfer.compile_cache import ready_program, shared_program
 
 _DEVICE = jax.memory.Space.Device
 
@@ -65,7 +65,7 @@ class Program(enum.StrEnum):
     TAKE = "take"               # (pages,): the first staging rows, to broadcast them
     READ = "read"               # (block rows, log2 rows): rows of one block to the device (L3, tests)
     COPY = "copy"               # (block rows,): a whole block to the device (an early copy), no index
-    COPY_MANY = "copy_many"     # (block rows, count): that many whole blocks to the device (a part of `plan:copy_many`)
+    COPY_MANY = "copy_many"     # (block rows, count): that many whole blocks to the device (acquire_many's)
     LOAD_PIECES = "load_pieces"  # (pages, ((block rows, log2 rows), ...)): pieces of blocks -> pools, no staging
 
 
@@ -116,15 +116,19 @@ class AllocatorPrograms:
     def __hash__(self) -> int:
         return hash(self._identity)
 
-    def compiled(self, name: Program, *key: int) -> jax.stages.Compiled:
-        """The compiled program `name` for static shape `key`, compiling it on first use.
+    def compiled(self, name: Program, *key: int, background: bool = False) -> jax.stages.Compiled | None:
+        """The compiled program `name` for static shape `key`, compiling it on first use; with
+        `background` (a program of too many shapes to compile ahead: `copy_many`), None until
+        it is compiled, its compilation started on the background thread.
         Raises RuntimeError (a bug) if the program would compute on a host-memory value."""
         full = (Program(name), *key)
         label = lambda: f"{self.fmt.allocator}:{full[0]}{list(key)}"   # built only off the hot path
         program = self._cache.get(full)
         if program is None:
-            program = self._cache[full] = shared_program((self._identity, full), label(), self.jaxprs,
-                                                         lambda: self.build(*full))
+            make = ready_program if background else shared_program
+            if (program := make((self._identity, full), label(), self.jaxprs, lambda: self.build(*full))) is None:
+                return None
+            self._cache[full] = program
         return program if self.hook is None else functools.partial(self.hook, label(), program)
 
     def build(self, name: Program, *key: int) -> tuple:

@@ -196,10 +196,10 @@ class TreeCore:
         """Start bringing `match`'s host part to the device, or say why not (see loads.py)."""
         return self._reads.start_load(match)
 
-    def pages_ahead(self, tokens: np.ndarray) -> dict[str, np.ndarray]:
-        """A look ahead at the host pages, by allocator, a load of `tokens` would move (see
-        `Matcher.pages_ahead`); changes nothing."""
-        return self._matcher.pages_ahead(tokens)
+    def anchor_pages_ahead(self, tokens: np.ndarray) -> np.ndarray | None:
+        """A look ahead at the anchor's host pages a load of `tokens` would move (see
+        `Matcher.anchor_pages_ahead`); changes nothing."""
+        return self._matcher.anchor_pages_ahead(tokens)
 
     def anchor_host_pages(self, match: MatchResult):
         """The anchor's host pages a load of `match` would move (i32 array), or None; changes nothing."""

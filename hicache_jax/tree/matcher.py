@@ -75,49 +75,22 @@ class Matcher:
         path = self._tree.walk(tokens[:cap_tokens(len(tokens), self._page)])
         return {n.load_id for n, m in path if m and n.load_id is not None}
 
-    def pages_ahead(self, tokens: np.ndarray) -> dict[str, np.ndarray]:
-        """{allocator: host pages} a load of `tokens`' match would most likely move: the
-        anchor's pages of the host-only nodes along its path after its device-valid ones, and
-        each window component's host pages of that path's trailing window ({}: nothing to
-        load). A look ahead for early copies, cheaper than `match`: no window boundary, no
-        split, no LRU touch; a load its windows cut shorter copies what it does not use."""
-        page, anchor, chain = self._page, [], []
+    def anchor_pages_ahead(self, tokens: np.ndarray) -> np.ndarray | None:
+        """The anchor's host pages a load of `tokens`' match would most likely move: those of
+        the host-only nodes along its path after its device-valid ones (None: none). A look
+        ahead for early copies, cheaper than `match`: no window boundary, no split, no LRU
+        touch; a load its windows cut shorter copies what it does not use."""
+        page, pages = self._page, []
         for node, matched in self._tree.walk(tokens[:cap_tokens(len(tokens), page)]):
-            if not anchor and node.state in DEVICE_VALID:
-                chain.append((node, matched))
+            if not pages and node.state in DEVICE_VALID:
                 continue
             if node.state is not Residency.HOST or node.load_id is not None or matched < page:
                 break
             host = node.pages[HOST][0]
-            anchor.append(host if matched == len(node.tokens) else host[:matched // page])
-            chain.append((node, matched))
-        if not anchor:
-            return {}
-        out = {self._components.anchor.name: anchor[0] if len(anchor) == 1 else np.concatenate(anchor)}
-        for c in self._windows:
-            if (pages := self._window_ahead(chain, c)) is not None and pages.size:
-                out[c.name] = pages
-        return out
-
-    def _window_ahead(self, chain: list[tuple[Node, int]], c: Component) -> np.ndarray | None:
-        """Component `c`'s host pages of the trailing window of `chain` that are not valid on
-        the device, oldest first; None where one is on neither tier or is being loaded."""
-        left, need, k = c.window_pages, [], c.index
-        for node, matched in reversed(chain):
-            if node.load_id is not None:
-                return None
-            dev = node.pages[DEVICE][k] if node.state in DEVICE_VALID else None
-            host = node.pages[HOST][k]
-            for i in range(matched // self._page - 1, -1, -1):
-                if left == 0:
-                    return np.asarray(need[::-1], np.int32)
-                left -= 1
-                if dev is not None and dev[i] != ABSENT:
-                    continue
-                if host is None or host[i] == ABSENT:
-                    return None
-                need.append(host[i])
-        return np.asarray(need[::-1], np.int32)
+            pages.append(host if matched == len(node.tokens) else host[:matched // page])
+        if not pages:
+            return None
+        return pages[0] if len(pages) == 1 else np.concatenate(pages)
 
     def _boundary(self, path: list[tuple[Node, int]], limit: int, host: bool) -> int:
         """Largest boundary <= limit (pages) whose trailing window every window component covers."""

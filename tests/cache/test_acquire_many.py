@@ -1,6 +1,5 @@
 """`HiCache.acquire_many`: a step's requests acquired together, their host loads as one
 engine start, each request served exactly as one `acquire` each would serve it."""
-import ast
 import dataclasses
 
 import jax
@@ -115,13 +114,12 @@ def test_program_calls_of_one_merged_start(name):
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_every_block_starts_copying_before_any_request_is_planned(name):
     """Every block large enough to copy early (`early_copy_bytes=0`): before the first
-    request is matched for its plan, every request's whole blocks, the anchor's and the
-    window's, have started for the device, one `copy` each while their shared program
-    compiles in the background, then all by one `plan:copy_many`, having looked ahead at
-    each request (no match, no LRU touch); a window row inside a larger block is read out of
-    it. The merged load unpacks those copies, through staging at first and then in its one
-    fused program (every piece marked copied), bit for bit; a deferred acquire copies
-    nothing early."""
+    request is matched for its plan, every request's whole anchor block has started for the
+    device, one `copy` each while the blocks' shared program compiles in the background,
+    then the two 2-page blocks by one `copy_many` (the 1-page block alone, by `copy`),
+    having looked ahead at each request (no match, no LRU touch). The merged load unpacks
+    those copies, through staging at first and then in its one fused program (pieces marked
+    copied), bit for bit; a deferred acquire copies nothing early."""
     blocks = ([2, 3], [4], [5, 6])
     cache, d = make(name, transfer=hc.TransferConfig(early_copy_bytes=0, fuse_after=1,
                                                                   landing_buckets=5))
@@ -129,11 +127,11 @@ def test_every_block_starts_copying_before_any_request_is_planned(name):
     toks = [prompt(b) for b in blocks]
     events, match = [], cache._core.match_prefix
     cache._core.match_prefix = lambda tokens, touch=True: events.append(f"match:{touch}") or match(tokens, touch)
-    ahead = cache._core.pages_ahead
-    cache._core.pages_ahead = lambda tokens: events.append("ahead") or ahead(tokens)
+    ahead = cache._core.anchor_pages_ahead
+    cache._core.anchor_pages_ahead = lambda tokens: events.append("ahead") or ahead(tokens)
     cache.on_program_call(lambda label, program, *args: events.append(label) or program(*args))
-    anchor, swa = cache.layout.anchor.name, cache.swa_allocator
-    early = (f"{anchor}:copy[", f"{swa}:copy[", "plan:copy_many[", f"{swa}:read[")
+    anchor = cache.layout.anchor.name
+    early = (f"{anchor}:copy[", f"{anchor}:copy_many[")
     rounds = []
     for deferred in (False, False, True):
         events.clear()
@@ -151,12 +149,8 @@ def test_every_block_starts_copying_before_any_request_is_planned(name):
         cache.drain()
         cache.wait_compiles()
         rounds.append(list(events))
-    # each request's window is its last SWA page: a whole 1-page block, or (SWA on every page)
-    # the last row of a 2-page one, read out of it
-    windows = [f"{swa}:read[2, 0]"] * 2 if swa else []
-    one_by_one = [f"{anchor}:copy[2]", f"{anchor}:copy[2]", f"{anchor}:copy[1]"] + ([f"{swa}:copy[1]"] if swa else [])
-    together = f"plan:copy_many[('{anchor}', 2, 2), ('{anchor}', 1, 1)" + (f", ('{swa}', 1, 1)]" if swa else "]")
-    for events, copies in zip(rounds[:2], (one_by_one + windows, [together] + windows)):
+    for events, copies in zip(rounds[:2], ([f"{anchor}:copy[2]", f"{anchor}:copy[2]", f"{anchor}:copy[1]"],
+                                           [f"{anchor}:copy_many[2, 2]", f"{anchor}:copy[1]"])):
         planned = events.index("match:True")
         assert events[:planned] == ["ahead"] * len(blocks) + copies, events
         assert not any(e.startswith(early) for e in events[planned:]), events
@@ -172,9 +166,9 @@ def test_every_block_starts_copying_before_any_request_is_planned(name):
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_without_fused_loads_each_copy_goes_into_staging_on_the_device(name):
     """With fused loads off (the default) the merged load moves through the staging buffer:
-    each request's early copy (a `copy` each, or all in one `plan:copy_many`) goes in by an
-    on-device `h2d` or `h2d_many` (key ending in 1; the two 2-page copies in one call), and
-    no anchor block crosses the link a second time from the host."""
+    each request's early copy goes in by an on-device `h2d` or `h2d_many` (key ending in 1;
+    the two 2-page copies in one call), and no anchor block crosses the link a second time
+    from the host."""
     blocks = ([2, 3], [4], [5, 6])
     cache, d = make(name, transfer=hc.TransferConfig(early_copy_bytes=0, fuse_after=0))
     offload(d, list(blocks))
@@ -185,9 +179,8 @@ def test_without_fused_loads_each_copy_goes_into_staging_on_the_device(name):
         assert p.host_tokens == len(b) * P
         d.verify(b, p.device_pages, p.swa_pages)
     anchor = cache.layout.anchor.name
-    copied = [1 for e in labels if e.startswith(anchor + ":copy[")] + [
-        count for e in labels if e.startswith("plan:copy_many[")
-        for allocator, _, count in ast.literal_eval(e[len("plan:copy_many"):]) if allocator == anchor]
+    copied = [1 if e.startswith(anchor + ":copy[") else int(e.rstrip("]").split(", ")[1])
+              for e in labels if e.startswith((anchor + ":copy[", anchor + ":copy_many["))]
     into_staging = [e for e in labels if e.startswith((anchor + ":h2d[", anchor + ":h2d_many["))]
     assert sum(copied) == len(blocks), labels
     assert 1 <= len(into_staging) < len(blocks) and all(e.endswith(", 1]") for e in into_staging), labels

@@ -99,7 +99,7 @@ def move_random_plans(t: Harness, seed: int) -> None:
     t.run("backup", {a: (np.arange(n), np.arange(HOST_PAGES - 2 * n, HOST_PAGES - n))})
     blocks = [np.arange(HOST_PAGES - 2 * n, HOST_PAGES - n), np.arange(HOST_PAGES - n, HOST_PAGES)]
     for _ in range(2):                                # two whole blocks in one program (compiled, then run)
-        t.engine.copy_early_many({a: blocks})
+        t.engine.copy_early_many(a, [(n, lambda b=b: b) for b in blocks])
         compile_cache.wait_background()
         t.run("load", {a: (np.arange(n), blocks[1])})   # from its early copy
 
@@ -127,9 +127,6 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
     plans = ran.engine._plan_programs
     for key, label in plans._labels.items():
         backup, runs = key
-        if label.startswith("plan:copy_many"):               # copies only: no kernel to find
-            lowered[label] = for_cuda(*gpu_engine._plan_programs._build_copy_many(runs))
-            continue
         if label.startswith("plan:load_pieces"):
             built = gpu_engine._plan_programs._build_fused(runs)
         else:
