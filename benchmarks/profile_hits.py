@@ -2,7 +2,8 @@
 `jax.profiler.trace`, and the trace summarised where the time goes on the accelerator.
 
 For each (mode, pages, requests) it runs `bench_hits.run` (every hit byte-checked, paired
-with a contiguous copy) inside a profiler trace written as a Perfetto JSON, then keeps the
+with a contiguous copy), its measured rounds inside a profiler trace written as a Perfetto
+JSON (`marked_calls`: how many calls of each side the trace holds), then keeps the
 device events grouped by name (count, median and total microseconds) and, for each timed
 side (`hit`; the batched mode's `one_by_one` and `acquire_many`), the device events of its
 last call, in order: its DMAs, slice fusions, joins and unpack kernels (`hits`), and each
@@ -120,7 +121,9 @@ def summarise(trace: dict) -> dict:
     for e in events:
         by_name[e["name"][:100]].append(e["dur"])
     top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:40]
-    marks = {e["name"][len(HIT_MARK):]: e for e in host if e["name"].startswith(HIT_MARK)}   # each side's last
+    marked = [e for e in host if e["name"].startswith(HIT_MARK)]
+    marks = {e["name"][len(HIT_MARK):]: e for e in marked}          # each side's last
+    seen_calls = collections.Counter(e["name"][len(HIT_MARK):] for e in marked)
     hits = {}
     for side, e in (marks.items() if events else ()):
         seen = _events(events, threads, e["ts"] - LEAD_US, e["ts"] + e["dur"], e["ts"])
@@ -135,17 +138,26 @@ def summarise(trace: dict) -> dict:
         start, end, anchor = _window(events, host)
         from_call = anchor.startswith("host: ")                  # times from the call, or to the end
         window = _events(events, threads, start, end, start if from_call else end)
-    return {"device_events": len(events), "anchor": anchor, "marked": sorted(marks),
+    return {"device_events": len(events), "anchor": anchor, "marked": sorted(marks), "marked_calls": dict(seen_calls),
             "by_name": [{"name": n, "count": len(d), "median_us": round(statistics.median(d), 1),
                          "total_us": round(sum(d), 1)} for n, d in top],
             "last_hit": window[:120] if from_call else window[-120:], "hits": hits}
 
 
 def profiled(config: str, mode: str, pages: int, n: int, rounds: int, transfer: dict | None = None) -> dict:
+    """One run of `bench_hits.run`, its measured rounds traced (not the warm-up: its
+    compilations fill the trace, and a trace that drops events keeps the wrong last call)."""
     import jax
     with tempfile.TemporaryDirectory() as folder:
-        with jax.profiler.trace(folder, create_perfetto_trace=True):
-            row = bench_hits.run(config, mode, pages, rounds, n, 0, 1 << 40, transfer)
+        tracing = []
+        def start():
+            jax.profiler.start_trace(folder, create_perfetto_trace=True)
+            tracing.append(True)
+        try:
+            row = bench_hits.run(config, mode, pages, rounds, n, 0, 1 << 40, transfer, on_measured=start)
+        finally:
+            if tracing:
+                jax.profiler.stop_trace()
         files = glob.glob(f"{folder}/**/perfetto_trace.json.gz", recursive=True)
         if not files:
             raise RuntimeError(f"the profiler wrote no Perfetto trace under {folder}")

@@ -328,6 +328,9 @@ def test_profile_hits_smoke(tmp_path):
     assert "sides" not in result["runs"][0]
     # the profiler keeps each timed call's mark (a CPU trace too): the sides' windows are found by them
     assert result["runs"][0]["marked"] == ["hit"] and result["runs"][1]["marked"] == ["acquire_many", "one_by_one"]
+    # only the measured rounds are traced (one here), not the warm-up's calls and compilations
+    assert result["runs"][0]["marked_calls"] == {"hit": 1}
+    assert result["runs"][1]["marked_calls"] == {"acquire_many": 1, "one_by_one": 1}
 
 
 def test_profile_hits_runs_given_override_the_smoke_runs(tmp_path):
