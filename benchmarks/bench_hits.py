@@ -162,9 +162,11 @@ class Hits:
                 "dispatches": int(statistics.median(rec["dispatches"])) if rec else None,
                 "compiles": sum(rec.get("compiles", [])), "loaded_bytes": max(rec.get("loaded_bytes", [0])),
                 "programs": rec.get("programs", []),
-                # host time (ms): to the first transfer program's call, and until the call returned
+                # host time (ms): to the first transfer program's call, to each call and how long
+                # each held the host, to the end of the last wait for the device, until the call returned
                 "first_call_ms": _median_ms([c[0] for c in rec.get("calls_s", []) if c]),
-                "returned_ms": _median_ms(rec.get("returned_s")), "calls_ms": _calls_ms(rec.get("calls_s", []))}
+                "returned_ms": _median_ms(rec.get("returned_s")), "calls_ms": _calls_ms(rec.get("calls_s", [])),
+                "held_ms": _calls_ms(rec.get("held_s", [])), "waited_ms": _median_ms(rec.get("waited_s"))}
 
 
 def _calls_ms(rounds: list[list[float]]) -> list[float]:

@@ -9,6 +9,8 @@ loaded (the cache's counters); and the raw-link reference (`bench_api.link_copy`
 """
 from __future__ import annotations
 
+import contextlib
+
 import dataclasses
 import functools
 import time
@@ -175,35 +177,60 @@ class Probe:
 
     def __init__(self, cache: hc.HiCache):
         self.cache, self.keep = cache, True
-        self.calls: list[tuple[str, float]] = []     # each transfer program of the timed call: label, when called
+        self.calls: list[tuple[str, float, float]] = []   # each transfer program of the timed call: label, called, returned
+        self.waits: list[float] = []                       # when each `jax.block_until_ready` inside it returned
         self.compiles = hc.CompileCounter()
         self.seen: dict[str, dict[str, list]] = {}
         cache.on_program_call(self._hook)
 
     def _hook(self, label, program, *args):
-        self.calls.append((label, clock()))
-        return program(*args)
+        called = clock()
+        out = program(*args)
+        self.calls.append((label, called, clock()))
+        return out
+
+    @contextlib.contextmanager
+    def _waits_seen(self):
+        """While inside, each `jax.block_until_ready` (the cache's wait for its loads) notes
+        when it returned: the device's work was done by then."""
+        real = jax.block_until_ready
+
+        def noted(x):
+            out = real(x)
+            self.waits.append(clock())
+            return out
+        jax.block_until_ready = noted
+        try:
+            yield
+        finally:
+            jax.block_until_ready = real
 
     def time(self, name: str, call):
         """(seconds, what `call()` returned); records dispatches, compiles, bytes loaded under `name`."""
         loaded = counted(self.cache, "load_bytes")
         jax.block_until_ready(self.cache.device_pools)
         self.calls.clear()
+        self.waits.clear()
         self.compiles.reset()
         with jax.profiler.TraceAnnotation(HIT_MARK + name):     # the call, to its device work done (profile_hits.py)
             t = clock()
-            out = call()
+            with self._waits_seen():
+                out = call()
             returned = clock()
             jax.block_until_ready(self.cache.device_pools)
             took = clock() - t
         if self.keep:
             rec = self.seen.setdefault(name, {"dispatches": [], "compiles": [], "loaded_bytes": [], "programs": [],
-                                              "calls_s": [], "returned_s": []})
-            # host time: to each transfer program's call, and until `call` returned
-            rec["calls_s"].append([at - t for _, at in self.calls])
+                                              "calls_s": [], "held_s": [], "waited_s": [], "returned_s": []})
+            # host time: to each transfer program's call, how long each call held the host, to
+            # the end of the call's last wait, and until `call` returned
+            rec["calls_s"].append([called - t for _, called, _ in self.calls])
+            rec["held_s"].append([back - called for _, called, back in self.calls])
+            if self.waits:
+                rec["waited_s"].append(self.waits[-1] - t)
             rec["returned_s"].append(returned - t)
             rec["dispatches"].append(len(self.calls))
             rec["compiles"].append(self.compiles.count)
             rec["loaded_bytes"].append(counted(self.cache, "load_bytes") - loaded)
-            rec["programs"] = sorted(Counter(label.split("[")[0] for label, _ in self.calls).items())
+            rec["programs"] = sorted(Counter(label.split("[")[0] for label, *_ in self.calls).items())
         return took, out

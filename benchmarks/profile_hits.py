@@ -165,7 +165,8 @@ def profiled(config: str, mode: str, pages: int, n: int, rounds: int, transfer: 
             summary = summarise(json.load(f))
     keep = ("ms", "contiguous_ms", "ratio", "exact", "dispatches")
     # the batched mode times both sides (its top-level figures are the one-by-one side's)
-    sides = {side: {k: row[side].get(k) for k in ("ms", "ratio", "dispatches", "first_call_ms", "calls_ms")}
+    sides = {side: {k: row[side].get(k) for k in ("ms", "ratio", "dispatches", "first_call_ms", "calls_ms", "held_ms",
+                                                    "waited_ms", "returned_ms")}
              for side in ("one_by_one", "acquire_many") if side in row}
     return {"config": config, "mode": mode, "pages": pages, "batch": n, "rounds": rounds, "transfer": transfer or {},
             **{k: row.get(k) for k in keep}, **({"sides": sides} if sides else {}), **summary}

@@ -197,6 +197,9 @@ def test_bench_hits_smoke(tmp_path):
         calls = side["calls_ms"]
         assert 1 <= len(calls) <= max(8, side["dispatches"]) and 0 < calls[0], side
         assert calls == sorted(calls) and calls[-1] <= side["returned_ms"], side
+        # how long each call held the host; the call's wait for the device ended before it returned
+        assert len(side["held_ms"]) == len(calls) and all(h > 0 for h in side["held_ms"]), side
+        assert calls[-1] < side["waited_ms"] <= side["returned_ms"], side
         if r["mode"] == "write_back_batch":      # one backup batch of 4 prompts; the hit is a quarter of it
             assert r["backup_transfers"] == 1 and r["backed_up_pages"] == 4 * r["hit_pages"]
         if r["mode"] == "shared_prompt":         # one node backed up; the hit is its first half
