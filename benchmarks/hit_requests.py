@@ -10,7 +10,6 @@ loaded (the cache's counters); and the raw-link reference (`bench_api.link_copy`
 from __future__ import annotations
 
 import contextlib
-
 import dataclasses
 import functools
 import time
