@@ -170,8 +170,9 @@ class Hits:
 
 
 def _calls_ms(rounds: list[list[float]]) -> list[float]:
-    """Host ms from the call to each of its first 8 transfer programs' calls: the median over
-    the rounds that made the usual (median) number of calls."""
+    """Per transfer program call, the first 8 (seconds each round: when it was called, or how
+    long it held the host), in ms: the median over the rounds that made the usual (median)
+    number of calls."""
     if not rounds:
         return []
     usual = sorted(map(len, rounds))[len(rounds) // 2]

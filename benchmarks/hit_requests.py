@@ -177,7 +177,7 @@ class Probe:
     def __init__(self, cache: hc.HiCache):
         self.cache, self.keep = cache, True
         self.calls: list[tuple[str, float, float]] = []   # each transfer program of the timed call: label, called, returned
-        self.waits: list[float] = []                       # when each `jax.block_until_ready` inside it returned
+        self.waited: float | None = None                   # when the last `jax.block_until_ready` inside it returned
         self.compiles = hc.CompileCounter()
         self.seen: dict[str, dict[str, list]] = {}
         cache.on_program_call(self._hook)
@@ -191,12 +191,12 @@ class Probe:
     @contextlib.contextmanager
     def _waits_seen(self):
         """While inside, each `jax.block_until_ready` (the cache's wait for its loads) notes
-        when it returned: the device's work was done by then."""
+        when it returned (`waited`): the device's work was done by then."""
         real = jax.block_until_ready
 
         def noted(x):
             out = real(x)
-            self.waits.append(clock())
+            self.waited = clock()
             return out
         jax.block_until_ready = noted
         try:
@@ -209,7 +209,7 @@ class Probe:
         loaded = counted(self.cache, "load_bytes")
         jax.block_until_ready(self.cache.device_pools)
         self.calls.clear()
-        self.waits.clear()
+        self.waited = None
         self.compiles.reset()
         with jax.profiler.TraceAnnotation(HIT_MARK + name):     # the call, to its device work done (profile_hits.py)
             t = clock()
@@ -225,8 +225,8 @@ class Probe:
             # the end of the call's last wait, and until `call` returned
             rec["calls_s"].append([called - t for _, called, _ in self.calls])
             rec["held_s"].append([back - called for _, called, back in self.calls])
-            if self.waits:
-                rec["waited_s"].append(self.waits[-1] - t)
+            if self.waited is not None:
+                rec["waited_s"].append(self.waited - t)
             rec["returned_s"].append(returned - t)
             rec["dispatches"].append(len(self.calls))
             rec["compiles"].append(self.compiles.count)
