@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import glob
 import gzip
 import json
@@ -149,15 +150,9 @@ def profiled(config: str, mode: str, pages: int, n: int, rounds: int, transfer: 
     compilations fill the trace, and a trace that drops events keeps the wrong last call)."""
     import jax
     with tempfile.TemporaryDirectory() as folder:
-        tracing = []
-        def start():
-            jax.profiler.start_trace(folder, create_perfetto_trace=True)
-            tracing.append(True)
-        try:
+        with contextlib.ExitStack() as tracing:      # the trace, once started, stops with the run
+            start = lambda: tracing.enter_context(jax.profiler.trace(folder, create_perfetto_trace=True))
             row = bench_hits.run(config, mode, pages, rounds, n, 0, 1 << 40, transfer, on_measured=start)
-        finally:
-            if tracing:
-                jax.profiler.stop_trace()
         files = glob.glob(f"{folder}/**/perfetto_trace.json.gz", recursive=True)
         if not files:
             raise RuntimeError(f"the profiler wrote no Perfetto trace under {folder}")
