@@ -13,7 +13,8 @@ import jax.numpy as jnp
 from hicache_jax.pools import Devices, HostTier, shard_on
 from hicache_jax.transfer import chunks as chunking
 from hicache_jax.transfer.moves import EarlyCopy, Pieces, WholeBlock
-from hicache_jax.transfer.plan_programs import PlanPrograms, fused_sources, plan_index
+from hicache_jax.transfer.index_layout import plan_index
+from hicache_jax.transfer.plan_programs import PlanPrograms, fused_index, fused_sources
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 from hicache_jax.transfer.resident import ResidentIndices
 
@@ -49,8 +50,7 @@ class ChunkDispatch:
         names = [[s.name for s in progs.fmt.pools] for progs, _ in work]
         sources, starts = fused_sources(moves)
         new, token = program(tuple(tuple(pools[n] for n in ns) for ns in names), sources,
-                             self._ints.index(starts), plan_index([parts[0].device_pages for _, parts in work],
-                                                                  self._ints.index))
+                             self._ints.index(starts), plan_index(fused_index(work, moves), self._ints.index))
         for ns, arrays in zip(names, new):
             pools.update(zip(ns, arrays))
         return [token]

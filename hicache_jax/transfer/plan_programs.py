@@ -20,16 +20,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from pallas_kernels import PAD
 from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer.compile_cache import ready_program, shared_program
+from hicache_jax.transfer.index_layout import aligned_join, aligned_size, plan_index, split_plan_index
 from hicache_jax.transfer.moves import EarlyCopy, Move, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
-# Where each allocator's pages start in a plan's joined index, in int32s (256 bytes). XLA turns
-# a slice of 256 bytes or more into a dynamic-slice fusion, handing the kernel a pointer into
-# the argument, and a Mosaic GPU kernel refuses an input that is not 256-byte aligned.
-INDEX_ALIGN = 64
 SIGHTINGS_KEPT = 4096     # load shapes whose sightings are counted (the least recently seen are forgotten)
 
 # One allocator's part of a fused load: (allocator, pages, (Program.LOAD_BLOCK, on device))
@@ -126,7 +122,7 @@ class PlanPrograms:
         every piece's start row (one array; a pieces entry takes its slice), and the page
         indices (`plan_index`)."""
         built = [self._programs[a].build(*program_key(n, e)) for a, n, e in entries]
-        sizes = [n for _, n, _ in entries]
+        sizes = [n if e[0] is Program.LOAD_BLOCK else aligned_size([1 << k for _, k, _ in e[1]]) for _, n, e in entries]
         counts = [len(e[1]) if e[0] is Program.LOAD_PIECES else 0 for _, _, e in entries]
         home = self._programs[entries[0][0]].home
         index = tuple(jax.ShapeDtypeStruct(i.shape, jnp.int32, sharding=home)
@@ -154,32 +150,6 @@ class PlanPrograms:
         return {self._labels[key]: program for key, program in self._cache.items()}
 
 
-def plan_index(indices: list[np.ndarray], one_page: Callable) -> tuple:
-    """A plan program's index argument from each allocator's page index (plan order): every
-    one-page allocator's own `one_page(index)` (a kept device array: `ResidentIndices`), then
-    the other allocators' indices concatenated (one copy to the device for all of them), each
-    starting at a multiple of `INDEX_ALIGN` (the gaps hold PAD)."""
-    rest = [i for i in indices if i.shape != (1,)]
-    ones = tuple(one_page(i) for i in indices if i.shape == (1,))
-    if not rest:
-        return ones
-    gaps = [np.full(-i.size % INDEX_ALIGN, PAD, np.int32) for i in rest[:-1]]
-    return ones + (np.concatenate([part for i, gap in zip(rest, gaps) for part in (i, gap)] + [rest[-1]]),)
-
-
-def split_plan_index(sizes: list[int], idx: tuple) -> list:
-    """Each allocator's page index (`sizes[k]` pages) from a `plan_index` argument."""
-    ones = iter(idx)                 # the one-page allocators' own arrays come first, in order
-    out, lo = [], 0
-    for n in sizes:
-        if n == 1:
-            out.append(next(ones))
-        else:                        # the rest are aligned slices of the last argument
-            out.append(idx[-1][lo:lo + n])
-            lo += n + -n % INDEX_ALIGN
-    return out
-
-
 def fused_entries(work, moves: list[list[Move]]) -> tuple[FusedEntry, ...] | None:
     """The entries of one fused program for a load (the engine's `work` and chunk `moves`),
     or None when it does not fuse: an allocator with several chunks, or nothing gained (a
@@ -200,6 +170,19 @@ def fused_entries(work, moves: list[list[Move]]) -> tuple[FusedEntry, ...] | Non
     if len(entries) < 2 and all(e[0] is Program.LOAD_BLOCK for _, _, e in entries):
         return None
     return tuple(entries)
+
+
+def fused_index(work, moves: list[list[Move]]) -> list[np.ndarray]:
+    """A fused load's page index per allocator (`plan_index` joins them): its chunk's device
+    pages; a pieces chunk's piece by piece, each from an aligned place (`aligned_join`), as
+    its program unpacks them."""
+    out = []
+    for (_, parts), chunk_moves in zip(work, moves):
+        pages = parts[0].device_pages
+        if isinstance(chunk_moves[0], Pieces):
+            pages = aligned_join([pages[p.staging_row:p.staging_row + p.rows] for p in in_order(chunk_moves[0].pieces)])
+        out.append(pages)
+    return out
 
 
 def fused_sources(moves: list[list[Move]]) -> tuple[tuple, np.ndarray]:

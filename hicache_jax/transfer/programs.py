@@ -18,8 +18,8 @@ Rows, blocks and the staging buffer are tuples of the row's stored parts (`RowFo
              unpack(S)          pools (donated), staging, idx i32[S] -> pools, token
              take(S)            staging -> its first S rows (to broadcast them)
              load_pieces(S, P)  pools (donated), one block (or early device copy) per piece, starts i32[k],
-                                idx i32[S] -> pools, token (P: each piece's block rows, log2 rows and
-                                whether it is a device copy, in staging order)
+                                idx (each piece's pages: `aligned_offsets`) -> pools, token (P: each piece's
+                                block rows, log2 rows and whether it is a device copy, in staging order)
     read:    read(R, k)         block [R, ...], start i32[1] -> 2**k rows on the device
              copy(R)            block [R, ...] -> the whole block on the device (a DMA)
              copy_many(R, m)    m blocks [R, ...] -> each whole on the device (m DMAs, one dispatch)
@@ -48,6 +48,7 @@ from jax.sharding import PartitionSpec as P
 import pallas_kernels as pk
 from hicache_jax.pools import ROW_ALIGN_BYTES, TP_AXIS, Devices, RowFormat
 from hicache_jax.transfer.compile_cache import ready_program, shared_program
+from hicache_jax.transfer.index_layout import aligned_offsets, aligned_size
 
 _DEVICE = jax.memory.Space.Device
 
@@ -214,25 +215,24 @@ class AllocatorPrograms:
         return load_block, args, (0,), (tuple(self.pool_shardings), self.home)
 
     def _load_pieces(self, pages: int, shape: tuple[tuple[int, int, bool], ...]):
-        """A chunk gathered from pieces of host blocks in one program: each piece's rows
-        come to the device (a DMA when the piece is its whole block, else a slice; nothing
-        for an early copy, already there), are joined in staging order, and are unpacked
-        into the pools at their pages by one kernel call per part. One call, not one per
-        piece: a program is compiled for each new shape of pieces while requests are served,
-        and lowering a Mosaic GPU kernel costs about 0.25 s of Python per call (BENCHMARKS.md,
-        "Lowering a load of pieces")."""
+        """A chunk gathered from pieces of host blocks in one program: each piece's rows come
+        to the device (a DMA when the piece is its whole block, else a slice; nothing for an
+        early copy) and are unpacked into the pools at its pages (`idx`, each piece's from its
+        `aligned_offsets` place). Not joined first: on an H100, XLA joined byte rows at a seventh
+        of the unpack kernel's rate (BENCHMARKS.md, "two joins of byte rows"). The unpack is
+        one jit, so its kernel lowers once per piece size (about 0.25 s of Python each)."""
         if self.broadcast_load:
             raise RuntimeError("bug: replicated pools on a mesh load through the staging path")
-        rows_in = sum(1 << log2_rows for _, log2_rows, _ in shape)
+        sizes = [1 << log2_rows for _, log2_rows, _ in shape]
+        scatter = jax.jit(self._scatter_rows)
 
         def load_pieces(pools, blocks, starts, idx):
-            moved = [block if copied else _block_rows(block, starts[i:i + 1], 1 << log2_rows)
-                     for i, (block, (_, log2_rows, copied)) in enumerate(zip(blocks, shape))]
-            rows = moved[0] if len(moved) == 1 else tuple(jnp.concatenate(part) for part in zip(*moved))
-            return self._scatter_rows(pools, rows, idx[:rows_in]), idx[0] + 0
+            for i, (block, (_, _, copied), n, lo) in enumerate(zip(blocks, shape, sizes, aligned_offsets(sizes))):
+                pools = scatter(pools, block if copied else _block_rows(block, starts[i:i + 1], n), idx[lo:lo + n])
+            return pools, idx[0] + 0
 
         blocks = tuple(self._staging_spec(rows) if copied else self._host_example(rows) for rows, _, copied in shape)
-        args = (self._pools(self.pool_shardings), blocks, self._index(len(shape)), self._index(pages))
+        args = (self._pools(self.pool_shardings), blocks, self._index(len(shape)), self._index(aligned_size(sizes)))
         return load_pieces, args, (0,), (tuple(self.pool_shardings), self.home)
 
     def _unpack(self, pages: int):

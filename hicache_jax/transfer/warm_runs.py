@@ -19,7 +19,8 @@ import numpy as np
 from pallas_kernels import PAD
 from hicache_jax.transfer import warm
 from hicache_jax.transfer.dispatch import ChunkDispatch
-from hicache_jax.transfer.plan_programs import PlanPrograms, plan_index
+from hicache_jax.transfer.index_layout import plan_index
+from hicache_jax.transfer.plan_programs import PlanPrograms
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
 

@@ -124,7 +124,7 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
             lowered[f"{a}:{key[0]}{list(key[1:])}"] = text
             if key[0] in KERNEL_PROGRAMS:
                 assert "mosaic_gpu" in text, f"{a}:{key}: no Mosaic GPU kernel in the lowered program"
-    plans = ran.engine._plan_programs
+    plans, shared = ran.engine._plan_programs, 0    # shared: pieces unpacked by a kernel lowered for another
     for key, label in plans._labels.items():
         backup, runs = key
         if label.startswith("plan:load_pieces"):
@@ -136,10 +136,14 @@ def test_every_program_the_engine_runs_lowers_for_cuda_with_the_mosaic_kernels(n
         assert not bad, (label, bad)
         assert "mosaic_gpu" in text, f"{label}: no Mosaic GPU kernel in the lowered program"
         if label.startswith("plan:load_pieces"):
-            # one kernel call per allocator and stored part, however many pieces: each call
-            # costs Python time to lower, and these programs compile while requests are served
-            parts = sum(len(ran.engine.host.formats[a].parts) for a, _, _ in runs)
-            assert text.count("custom_call @mosaic_gpu") == parts, (label, text.count("custom_call @mosaic_gpu"))
+            # one kernel per allocator, stored part and piece size, however many pieces: each
+            # kernel costs Python time to lower, and these programs compile while requests are served
+            kernels = sum(len(ran.engine.host.formats[a].parts) * (len({k for _, k, _ in e[1]}) if e[0] is
+                          Program.LOAD_PIECES else 1) for a, _, e in runs)
+            assert text.count("custom_call @mosaic_gpu") == kernels, (label, text.count("custom_call @mosaic_gpu"))
+            assert "stablehlo.concatenate" not in text, f"{label}: the pieces' rows are joined before the unpack"
+            shared += sum(len(e[1]) - len({k for _, k, _ in e[1]}) for _, _, e in runs if e[0] is Program.LOAD_PIECES)
+    assert shared, "no load of pieces had two of one size"
     names = {label.split("[")[0].split(":")[-1] for label in lowered}
     assert {"pack", "unpack", "load_block", "h2d", "copy", "copy_many", "load_pieces"} <= names, sorted(names)
     assert any(label.startswith("plan:load_pieces") and "True" in label for label in lowered)   # early copies
@@ -155,12 +159,26 @@ def test_a_plan_program_whose_index_slices_start_off_256_bytes_is_caught(monkeyp
     """The check above on the bug it pins: a backup of two allocators in one program, the
     second allocator's 64 pages 8 bytes into the joined index (the layout before
     `INDEX_ALIGN`), and the same program as built now."""
-    from hicache_jax.transfer import plan_programs
+    from hicache_jax.transfer import index_layout
     t = Harness("tiny_v4", None, "mosaic_gpu", 1)
     runs = tuple((a, 2 if a == t.layout.anchor.name else 64) for a in sorted(t.allocators))
     assert len(runs) == 2
     build = lambda: t.engine._plan_programs._build(True, runs, Program.PACK)[:2]
     assert not misaligned_kernel_inputs(*build())
-    monkeypatch.setattr(plan_programs, "INDEX_ALIGN", 1)
+    monkeypatch.setattr(index_layout, "INDEX_ALIGN", 1)
     found = misaligned_kernel_inputs(*build())
     assert found and all("at byte 8" in f for f in found), found
+
+
+def test_a_load_of_pieces_whose_index_slices_start_off_256_bytes_is_caught(monkeypatch):
+    """The same for a fused load of pieces: each piece's pages start at a 256-byte boundary of
+    its allocator's index (`aligned_offsets`); packed one after another they would not."""
+    from hicache_jax.transfer import index_layout
+    t = Harness("tiny_v4", None, "mosaic_gpu", 1)
+    a = t.layout.anchor.name
+    entries = ((a, 8, (Program.LOAD_PIECES, ((4, 2, False), (2, 1, False), (1, 0, False), (1, 0, True)))),)
+    build = lambda: t.engine._plan_programs._build_fused(entries)[:2]
+    assert not misaligned_kernel_inputs(*build())
+    monkeypatch.setattr(index_layout, "INDEX_ALIGN", 1)
+    found = misaligned_kernel_inputs(*build())
+    assert [f.split(" at byte ")[1] for f in found] == ["16", "24", "28"], found

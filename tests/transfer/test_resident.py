@@ -5,7 +5,7 @@ import pytest
 
 from pallas_kernels import PAD
 
-from hicache_jax.transfer.plan_programs import INDEX_ALIGN, plan_index, split_plan_index
+from hicache_jax.transfer.index_layout import INDEX_ALIGN, plan_index, split_plan_index
 from hicache_jax.transfer.resident import ResidentIndices
 
 
