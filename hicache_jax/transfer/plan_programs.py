@@ -22,7 +22,7 @@ import numpy as np
 
 from hicache_jax.pools.host_tier import block_rows
 from hicache_jax.transfer.compile_cache import ready_program, shared_program
-from hicache_jax.transfer.index_layout import aligned_join, aligned_size, plan_index, split_plan_index
+from hicache_jax.transfer.index_layout import aligned_join, plan_index, split_plan_index
 from hicache_jax.transfer.moves import EarlyCopy, Move, Pieces, WholeBlock
 from hicache_jax.transfer.programs import AllocatorPrograms, Program
 
@@ -122,7 +122,7 @@ class PlanPrograms:
         every piece's start row (one array; a pieces entry takes its slice), and the page
         indices (`plan_index`)."""
         built = [self._programs[a].build(*program_key(n, e)) for a, n, e in entries]
-        sizes = [n if e[0] is Program.LOAD_BLOCK else aligned_size([1 << k for _, k, _ in e[1]]) for _, n, e in entries]
+        sizes = [args[-1].shape[0] for _, args, _, _ in built]     # each program's page index, as it lays it out
         counts = [len(e[1]) if e[0] is Program.LOAD_PIECES else 0 for _, _, e in entries]
         home = self._programs[entries[0][0]].home
         index = tuple(jax.ShapeDtypeStruct(i.shape, jnp.int32, sharding=home)
